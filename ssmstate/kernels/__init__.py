@@ -1,0 +1,1 @@
+"""Kernels on the shared page layout: reference (PyTorch), triton, flashinfer, native."""

@@ -1,0 +1,412 @@
+"""PyTorch reference kernels on the shared page layout (CPU and GPU).
+
+Slow and obvious: one Python iteration per batch row, fp32 math, closed forms
+from prefix sums of dt. Every fast backend is tested against these functions,
+which share their signatures, and these are tested against a token-by-token
+serial oracle (``tests/oracle.py``).
+
+Conventions shared by every backend (see DESIGN.md):
+
+* Tokens of all rows are packed: ``x`` is ``(tokens, H, P)`` and row ``r`` owns
+  tokens ``cu_seqlens[r] : cu_seqlens[r + 1]``.
+* ``page_ids[r] == 0`` marks a padding row: nothing of it is read or written,
+  its outputs are left as they are.
+* ``dt`` enters raw; the kernels apply ``softplus(dt + dt_bias)`` (threshold 20)
+  and the rings store the processed fp32 value.
+* All math is fp32; every decay exponent is clamped to ``<= 0``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+
+
+def process_dt(dt: Tensor, dt_bias: Tensor | None, dt_softplus: bool = True) -> Tensor:
+    """``softplus(dt + dt_bias)`` in fp32 (threshold 20, as every Mamba2 kernel does)."""
+    out = dt.float()
+    if dt_bias is not None:
+        out = out + dt_bias.float()
+    return F.softplus(out) if dt_softplus else out
+
+
+def _heads_to_groups(H: int, G: int, device: torch.device) -> Tensor:
+    return torch.arange(H, device=device) // (H // G)
+
+
+def fold(S0: Tensor, x: Tensor, B: Tensor, dtp: Tensor, A: Tensor) -> Tensor:
+    """State after the rows ``x, B, dtp`` on top of ``S0``, closed form.
+
+    Args:
+        S0: (H, P, N) fp32 state.
+        x: (k, H, P); B: (k, G, N); dtp: (k, H) processed dt; A: (H,) fp32.
+    Returns:
+        (H, P, N) fp32.
+    """
+    k = x.shape[0]
+    if k == 0:
+        return S0.clone()
+    H, G = x.shape[1], B.shape[1]
+    lam = torch.cumsum(dtp, dim=0)  # (k, H)
+    total = lam[-1]  # (H,)
+    carry = torch.exp(torch.clamp(A * total, max=0.0))  # (H,)
+    w = dtp * torch.exp(torch.clamp(A * (total - lam), max=0.0))  # (k, H)
+    Bh = B.float()[:, _heads_to_groups(H, G, x.device)]  # (k, H, N)
+    upd = torch.einsum("kh,khp,khn->hpn", w, x.float(), Bh)
+    return carry[:, None, None] * S0 + upd
+
+
+def window_outputs(
+    S0: Tensor, hx: Tensor, hB: Tensor, hdt: Tensor,
+    x: Tensor, B: Tensor, C: Tensor, dtp: Tensor, A: Tensor,
+) -> Tensor:
+    """Outputs of the window tokens from a checkpoint plus history rows, no state formed.
+
+    ``y_s = exp(A Λ_w) (S0 C_s) + Σ_{k ≤ w} dt_k exp(A (Λ_w - Λ_k)) (B_k·C_s) x_k`` with
+    ``w = c + s`` over the concatenation of ``c`` history rows and the window.
+
+    Args:
+        S0: (H, P, N) fp32. hx/hB/hdt: (c, H, P) / (c, G, N) / (c, H) history.
+        x/B/C: (q, H, P) / (q, G, N) / (q, G, N) window inputs; dtp: (q, H) processed dt.
+    Returns:
+        (q, H, P) fp32, without the D skip and the z gate.
+    """
+    c, q = hx.shape[0], x.shape[0]
+    H, G = x.shape[1], B.shape[1]
+    h2g = _heads_to_groups(H, G, x.device)
+    xa = torch.cat([hx.float(), x.float()])  # (c+q, H, P)
+    Ba = torch.cat([hB.float(), B.float()])[:, h2g]  # (c+q, H, N)
+    da = torch.cat([hdt.float(), dtp.float()])  # (c+q, H)
+    Ch = C.float()[:, h2g]  # (q, H, N)
+    lam = torch.cumsum(da, dim=0)  # (c+q, H)
+    lam_w = lam[c:]  # (q, H)
+    ks = torch.arange(c + q, device=x.device)
+    causal = ks[:, None] <= (c + torch.arange(q, device=x.device))[None, :]  # (k, s)
+    expo = torch.clamp(A[None, None, :] * (lam_w[None, :, :] - lam[:, None, :]), max=0.0)  # (k, s, H)
+    decay = torch.where(causal[:, :, None], torch.exp(expo), torch.zeros((), device=x.device))
+    cb = torch.einsum("khn,shn->ksh", Ba, Ch)  # (k, s, H)
+    fac = da[:, None, :] * decay * cb  # (k, s, H)
+    y = torch.einsum("ksh,khp->shp", fac, xa)
+    readout = torch.einsum("hpn,shn->shp", S0, Ch)
+    return y + torch.exp(torch.clamp(A * lam_w, max=0.0))[:, :, None] * readout
+
+
+def _finish(y: Tensor, x: Tensor, D: Tensor | None, z: Tensor | None) -> Tensor:
+    if D is not None:
+        y = y + D.float()[None, :, None] * x.float()
+    if z is not None:
+        y = y * F.silu(z.float())
+    return y
+
+
+def _ring_rows(start: int, count: int, R: int, device: torch.device) -> Tensor:
+    return (start + torch.arange(count, device=device)) % R
+
+
+def replay_verify(
+    checkpoint: Tensor,
+    x_ring: Tensor,
+    B_ring: Tensor,
+    dt_ring: Tensor,
+    ring_start: Tensor,
+    num_committed: Tensor,
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    page_ids: Tensor,
+    cu_seqlens: Tensor,
+    window: int,
+    out: Tensor,
+    D: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    z: Tensor | None = None,
+    dt_softplus: bool = True,
+) -> Tensor:
+    """ReplaySSM verify for one layer: outputs for every window token, rows appended to the ring.
+
+    Per row, with ``c = num_committed[page]`` and ``q`` window tokens: if
+    ``c + q <= window`` the outputs come from the checkpoint plus the ``c`` history
+    rows and no state is written (non-flush); otherwise the ``c`` rows are folded
+    into the checkpoint, which is written, and the outputs come from it (flush).
+    Either way the ``q`` new rows are appended at ``(ring_start + c + i) % R``.
+    Cursors are read, never written (the commit moves them).
+
+    Args:
+        checkpoint: (pages, H, P, N) state dtype; rewritten on flush rows.
+        x_ring: (pages, H, R, P) act dtype. B_ring: (pages, G, R, N) act dtype.
+        dt_ring: (pages, H, R) fp32 processed dt.
+        ring_start, num_committed: (pages,) int32 cursors.
+        x: (tokens, H, P). dt: (tokens, H) raw. A: (H,) fp32, negative.
+        B, C: (tokens, G, N). page_ids: (rows,) int32, 0 = padding.
+        cu_seqlens: (rows + 1,) int32. window: W. out: (tokens, H, P), written.
+        D: (H,) skip. dt_bias: (H,). z: (tokens, H, P) gate, ``y *= silu(z)``.
+    Returns:
+        ``out``.
+    """
+    R = x_ring.shape[2]
+    dev = x.device
+    Af = A.float()
+    pages = page_ids.tolist()
+    cu = cu_seqlens.tolist()
+    for r, p in enumerate(pages):
+        lo, hi = cu[r], cu[r + 1]
+        q = hi - lo
+        if p == 0 or q == 0:
+            continue
+        c = int(num_committed[p])
+        rs = int(ring_start[p])
+        dtp = process_dt(dt[lo:hi], dt_bias, dt_softplus)
+        hist = _ring_rows(rs, c, R, dev)
+        hx = x_ring[p][:, hist].transpose(0, 1)  # (c, H, P)
+        hB = B_ring[p][:, hist].transpose(0, 1)  # (c, G, N)
+        hdt = dt_ring[p][:, hist].transpose(0, 1)  # (c, H)
+        S0 = checkpoint[p].float()
+        if c + q > window:  # flush: fold history, write the checkpoint
+            S0 = fold(S0, hx, hB, hdt, Af)
+            checkpoint[p] = S0.to(checkpoint.dtype)
+            hx, hB, hdt = hx[:0], hB[:0], hdt[:0]
+        y = window_outputs(S0, hx, hB, hdt, x[lo:hi], B[lo:hi], C[lo:hi], dtp, Af)
+        zz = None if z is None else z[lo:hi]
+        out[lo:hi] = _finish(y, x[lo:hi], D, zz).to(out.dtype)
+        rows = _ring_rows(rs + c, q, R, dev)
+        x_ring[p][:, rows] = x[lo:hi].transpose(0, 1).to(x_ring.dtype)
+        B_ring[p][:, rows] = B[lo:hi].transpose(0, 1).to(B_ring.dtype)
+        dt_ring[p][:, rows] = dtp.transpose(0, 1)
+    return out
+
+
+def replay_commit(
+    ring_start: Tensor,
+    num_committed: Tensor,
+    pending: Tensor,
+    conv_shift: Tensor,
+    page_ids: Tensor,
+    num_accepted: Tensor,
+    window: int,
+    ring_len: int,
+    update_conv: bool,
+    error_flag: Tensor,
+) -> None:
+    """Commit a verify step: cursor arithmetic only, on the device, no host sync.
+
+    Per row (padding rows skipped), with ``q = pending[page]`` and ``a`` accepted:
+    ``flushed = c + q > W``; if flushed ``ring_start += c (mod R); c = a`` else
+    ``c += a``; ``pending = 0``; ``conv_shift = q - a`` when the conv ran.
+
+    If any row has ``a < 0`` or ``a > q``, the whole step is rolled back instead
+    (every row commits 0, which is always safe) and ``error_flag`` is set to 1; the
+    host raises when it next looks.
+
+    Args:
+        ring_start, num_committed, pending, conv_shift: (pages,) int32 cursors.
+        page_ids: (rows,) int32. num_accepted: (rows,) int32 on the same device.
+        error_flag: (1,) int32.
+    """
+    valid = page_ids != 0
+    p = page_ids.long()
+    q = pending[p]
+    c = num_committed[p]
+    rs = ring_start[p]
+    a = num_accepted.to(torch.int32)
+    ok = ~(valid & ((a < 0) | (a > q))).any()
+    a = torch.where(ok, a, torch.zeros_like(a))
+    flushed = (c + q) > window
+    ring_start[p] = torch.where(valid & flushed, (rs + c) % ring_len, rs)
+    num_committed[p] = torch.where(valid, torch.where(flushed, a, c + a), c)
+    pending[p] = torch.where(valid, torch.zeros_like(q), q)
+    if update_conv:
+        conv_shift[p] = torch.where(valid, q - a, conv_shift[p])
+    error_flag |= (~ok).to(torch.int32)
+
+
+def replay_materialize(
+    checkpoint: Tensor,
+    x_ring: Tensor,
+    B_ring: Tensor,
+    dt_ring: Tensor,
+    ring_start: Tensor,
+    num_committed: Tensor,
+    A: Tensor,
+    page_ids: Tensor,
+) -> None:
+    """Fold the committed rows of each page into its checkpoint, for one layer.
+
+    Cursors are not touched: after every layer is folded, call
+    :func:`replay_reset_cursors`.
+
+    Args:
+        checkpoint: (pages, H, P, N). rings as in :func:`replay_verify`.
+        A: (H,) fp32. page_ids: (rows,) int32, 0 = skip.
+    """
+    R = x_ring.shape[2]
+    for p in page_ids.tolist():
+        if p == 0:
+            continue
+        c = int(num_committed[p])
+        if c == 0:
+            continue
+        rows = _ring_rows(int(ring_start[p]), c, R, x_ring.device)
+        S = fold(checkpoint[p].float(), x_ring[p][:, rows].transpose(0, 1),
+                 B_ring[p][:, rows].transpose(0, 1), dt_ring[p][:, rows].transpose(0, 1), A.float())
+        checkpoint[p] = S.to(checkpoint.dtype)
+
+
+def replay_reset_cursors(ring_start: Tensor, num_committed: Tensor, page_ids: Tensor, ring_len: int) -> None:
+    """After a materialize of every layer: ``ring_start += c (mod R)``, ``c = 0``."""
+    valid = page_ids != 0
+    p = page_ids.long()
+    rs, c = ring_start[p], num_committed[p]
+    ring_start[p] = torch.where(valid, (rs + c) % ring_len, rs)
+    num_committed[p] = torch.where(valid, torch.zeros_like(c), c)
+
+
+def replay_read_state(
+    checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring: Tensor,
+    ring_start: Tensor, num_committed: Tensor, A: Tensor | None, page: int,
+) -> Tensor:
+    """(H, P, N) fp32 state of ``page`` with its committed rows applied; changes nothing."""
+    c = int(num_committed[page])
+    S = checkpoint[page].float()
+    if c == 0:
+        return S
+    assert A is not None
+    rows = _ring_rows(int(ring_start[page]), c, x_ring.shape[2], x_ring.device)
+    return fold(S, x_ring[page][:, rows].transpose(0, 1), B_ring[page][:, rows].transpose(0, 1),
+                dt_ring[page][:, rows].transpose(0, 1), A.float())
+
+
+# -- conv ---------------------------------------------------------------------
+
+def conv_update(
+    conv_window: Tensor,
+    conv_shift: Tensor,
+    xBC: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    page_ids: Tensor,
+    cu_seqlens: Tensor,
+    out: Tensor,
+    activation: str | None = "silu",
+) -> Tensor:
+    """Causal depthwise conv1d over the window tokens, with the history taken from the page.
+
+    The history is the ``k - 1`` columns ending ``conv_shift[page]`` columns before
+    the right end of the window (the rejected tail of the last step). The new
+    window holds the last ``min(width, k - 1 + q)`` columns of history + inputs,
+    right-aligned; the commit sets ``conv_shift = q - a``.
+
+    Args:
+        conv_window: (pages, conv_dim, width) conv dtype, updated in place.
+        conv_shift: (pages,) int32 cursor, read only.
+        xBC: (tokens, conv_dim). weight: (conv_dim, k); the last column multiplies
+            the current token. bias: (conv_dim,) or None.
+        page_ids: (rows,) int32, 0 = padding. cu_seqlens: (rows + 1,) int32.
+        out: (tokens, conv_dim), written. activation: "silu" or None.
+    """
+    width = conv_window.shape[2]
+    k = weight.shape[1]
+    wf = weight.float()
+    cu = cu_seqlens.tolist()
+    for r, p in enumerate(page_ids.tolist()):
+        lo, hi = cu[r], cu[r + 1]
+        q = hi - lo
+        if p == 0 or q == 0:
+            continue
+        s = int(conv_shift[p])
+        end = width - s
+        hist = conv_window[p][:, end - (k - 1): end].float()  # (D, k-1)
+        seq = torch.cat([hist, xBC[lo:hi].float().transpose(0, 1)], dim=1)  # (D, k-1+q)
+        win = seq.unfold(1, k, 1)  # (D, q, k)
+        y = torch.einsum("dqk,dk->qd", win, wf)
+        if bias is not None:
+            y = y + bias.float()
+        if activation == "silu":
+            y = F.silu(y)
+        out[lo:hi] = y.to(out.dtype)
+        keep = min(width, k - 1 + q)
+        conv_window[p][:, width - keep:] = seq[:, -keep:].to(conv_window.dtype)
+    return out
+
+
+# -- native scheme (1 + K pages per request, one state written per token) --------
+
+def native_verify(
+    state: Tensor,
+    state_slot: Tensor,
+    page_table: Tensor,
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    cu_seqlens: Tensor,
+    out: Tensor,
+    D: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    z: Tensor | None = None,
+    dt_softplus: bool = True,
+) -> Tensor:
+    """Native speculative verify: serial recurrence, the state after token i written to page i.
+
+    The row starts from the state in page ``page_table[r, state_slot[page_table[r, 0]]]``
+    (the last accepted token's state) and writes ``q`` states.
+
+    Args:
+        state: (pages, H, P, N). state_slot: (pages,) int32, indexed by a request's first page.
+        page_table: (rows, 1 + K) int32; row 0 entries of 0 are padding.
+        Others as in :func:`replay_verify`.
+    """
+    Af = A.float()
+    H, G = x.shape[1], B.shape[1]
+    h2g = _heads_to_groups(H, G, x.device)
+    cu = cu_seqlens.tolist()
+    for r, row in enumerate(page_table.tolist()):
+        lo, hi = cu[r], cu[r + 1]
+        if row[0] == 0 or hi == lo:
+            continue
+        S = state[row[int(state_slot[row[0]])]].float()
+        dtp = process_dt(dt[lo:hi], dt_bias, dt_softplus)
+        ys = []
+        for i in range(hi - lo):
+            t = lo + i
+            a = torch.exp(torch.clamp(Af * dtp[i], max=0.0))
+            S = a[:, None, None] * S + dtp[i][:, None, None] * x[t].float()[:, :, None] * B[t].float()[h2g][:, None, :]
+            ys.append(torch.einsum("hpn,hn->hp", S, C[t].float()[h2g]))
+            state[row[i]] = S.to(state.dtype)
+        y = torch.stack(ys)
+        zz = None if z is None else z[lo:hi]
+        out[lo:hi] = _finish(y, x[lo:hi], D, zz).to(out.dtype)
+    return out
+
+
+def native_commit(
+    state_slot: Tensor,
+    pending: Tensor,
+    conv_shift: Tensor,
+    page_ids: Tensor,
+    num_accepted: Tensor,
+    update_conv: bool,
+    error_flag: Tensor,
+) -> None:
+    """Native commit: the next step reads the state of the last accepted token (slot ``a - 1``).
+
+    The native scheme overwrites its source state while verifying, so ``a`` must be
+    ``>= 1``; any row out of ``1 <= a <= q`` leaves everything unchanged and sets
+    ``error_flag``. ``page_ids`` are the requests' first pages.
+    """
+    valid = page_ids != 0
+    p = page_ids.long()
+    a = num_accepted.to(torch.int32)
+    q = pending[p]
+    bad = valid & ((a < 1) | (a > q))
+    ok = ~bad.any()
+    apply = valid & ok
+    state_slot[p] = torch.where(apply, a - 1, state_slot[p])
+    pending[p] = torch.where(apply, torch.zeros_like(q), q)
+    if update_conv:
+        conv_shift[p] = torch.where(apply, q - a, conv_shift[p])
+    error_flag |= (~ok).to(torch.int32)

@@ -1,0 +1,516 @@
+"""StateManager: the lifecycle a runner drives (admit, verify, commit, ..., release)."""
+
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import attrs
+import torch
+
+from ssmstate.backends import Backend, get_backend
+from ssmstate.cache import StateCache
+from ssmstate.errors import (
+    DeviceCommitError,
+    LifecycleError,
+    ShapeError,
+    SSMStateError,
+    UnknownRequestError,
+)
+from ssmstate.kernels import reference as ref
+from ssmstate.layout import PageLayout
+from ssmstate.plan import StepPlan
+from ssmstate.pool import PagePool
+
+RequestId = Hashable
+Tensor = torch.Tensor
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@attrs.frozen(eq=False)
+class SavedState:
+    """A preempted request on the host: every layer's page slices and the cursors.
+
+    Attributes:
+        layout: the layout it was saved from; resume checks it matches.
+        tensors: per layer, name -> (pages_per_request, *shape) CPU tensor.
+        cursors: (4, pages_per_request) int32 CPU tensor.
+    """
+
+    layout: PageLayout
+    tensors: tuple[dict[str, Tensor], ...]
+    cursors: Tensor
+
+    @property
+    def nbytes(self) -> int:
+        total = self.cursors.numel() * 4
+        for layer in self.tensors:
+            total += sum(t.numel() * t.element_size() for t in layer.values())
+        return total
+
+
+@attrs.define(eq=False)
+class _Request:
+    pages: list[int]
+    in_step: bool = False
+
+
+def _check_tensor(name: str, t: object, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...],
+                  device: torch.device) -> Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ShapeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != shape:
+        raise ShapeError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
+    if t.dtype not in dtypes:
+        raise ShapeError(f"{name} has dtype {t.dtype}, expected one of {[str(d) for d in dtypes]}")
+    if t.device != device:
+        raise ShapeError(f"{name} is on {t.device}, expected {device}")
+    return t
+
+
+class StateManager:
+    """Owns the pages, cursors and step lifecycle of every request's recurrent state.
+
+    Args:
+        layout: :meth:`PageLayout.replay` (one page per request) or
+            :meth:`PageLayout.native` (1 + K pages, one state per window token).
+        num_pages: pages to allocate, page 0 (the null page) included.
+        device: where the cache lives.
+        backend: "reference" (PyTorch, any device), "triton" or "flashinfer".
+        max_batch: most rows (padding included) one step may have; sizes the
+            persistent plan buffers. Defaults to ``num_pages``.
+
+    Host bookkeeping (which request owns which page, which step is open) lives
+    here; everything a step reads or writes on the device lives in buffers at
+    fixed addresses, so ``verify``/``conv``/``commit`` allocate nothing and never
+    synchronize when the caller passes ``out`` tensors and device-side counts.
+    """
+
+    def __init__(self, layout: PageLayout, num_pages: int, device: torch.device | str = "cpu",
+                 backend: str = "reference", max_batch: int | None = None) -> None:
+        self.layout = layout
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.backend: Backend = get_backend(backend)
+        self.backend.check(layout, self.device)
+        self.pool = PagePool(num_pages)
+        self.cache = StateCache(layout, num_pages, self.device)
+        self._requests: dict[RequestId, _Request] = {}
+        self._A: list[Tensor | None] = [None] * layout.geometry.num_layers
+        self._open: StepPlan | None = None
+        self._step = 0
+        rows = max_batch if max_batch is not None else num_pages
+        if rows < 1:
+            raise SSMStateError(f"max_batch must be >= 1, got {rows}")
+        self.max_batch = rows
+        ppr = layout.pages_per_request
+        i32 = dict(dtype=torch.int32, device=self.device)
+        self._page_table_buf = torch.zeros((rows, ppr), **i32)
+        self._cu_buf = torch.zeros((rows + 1,), **i32)
+        self._qs_buf = torch.zeros((rows,), **i32)
+        self._accepted_buf = torch.zeros((rows,), **i32)
+        self.error_flag = torch.zeros((1,), **i32)
+        self._on_cpu = self.device.type == "cpu"
+
+    # -- properties -------------------------------------------------------------
+    @property
+    def geometry(self):
+        return self.layout.geometry
+
+    @property
+    def num_layers(self) -> int:
+        return self.layout.geometry.num_layers
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._requests)
+
+    @property
+    def open_step(self) -> StepPlan | None:
+        return self._open
+
+    def pages_of(self, request_id: RequestId) -> list[int]:
+        return list(self._get(request_id).pages)
+
+    def page_of(self, request_id: RequestId) -> int:
+        return self._get(request_id).pages[0]
+
+    def can_admit(self, n: int = 1) -> bool:
+        return self.pool.can_allocate(n * self.layout.pages_per_request)
+
+    def _get(self, request_id: RequestId) -> _Request:
+        try:
+            return self._requests[request_id]
+        except (KeyError, TypeError):
+            raise UnknownRequestError(f"unknown request {request_id!r} (never admitted, or released)") from None
+
+    def _idle(self, request_id: RequestId, verb: str) -> _Request:
+        req = self._get(request_id)
+        if req.in_step:
+            raise LifecycleError(f"{verb}: request {request_id!r} is in an open step; commit or roll it back first")
+        return req
+
+    def _check_layer(self, layer: object) -> int:
+        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < self.num_layers:
+            raise SSMStateError(f"layer must be an int in [0, {self.num_layers}), got {layer!r}")
+        return layer
+
+    # -- admission ----------------------------------------------------------------
+    def admit(self, request_id: RequestId) -> int:
+        """Allocate a request's page(s), zero its state and cursors; return its (first) page."""
+        try:
+            hash(request_id)
+        except TypeError:
+            raise SSMStateError(f"request id must be hashable, got {type(request_id).__name__}") from None
+        if request_id in self._requests:
+            raise LifecycleError(f"request {request_id!r} is already admitted")
+        pages = self.pool.allocate(self.layout.pages_per_request)
+        self.cache.zero_pages(pages)
+        self._requests[request_id] = _Request(pages)
+        return pages[0]
+
+    def release(self, request_id: RequestId) -> None:
+        """Free a request's page(s). Its state is gone."""
+        req = self._idle(request_id, "release")
+        self.pool.free(req.pages)
+        del self._requests[request_id]
+
+    # -- prefill state -----------------------------------------------------------
+    def _committed(self, page: int) -> int:
+        if self.layout.scheme == "native":
+            return 0
+        return int(self.cache.num_committed[page])
+
+    def _state_page(self, req: _Request) -> int:
+        if self.layout.scheme == "native":
+            return req.pages[int(self.cache.state_slot[req.pages[0]])]
+        return req.pages[0]
+
+    def write_state(self, request_id: RequestId, layer: int, ssm_state: Tensor,
+                    conv_window: Tensor | None = None) -> None:
+        """Install a prefill result as the request's state for one layer.
+
+        Args:
+            ssm_state: (H, P, N) any float dtype; stored in the state dtype.
+            conv_window: (conv_dim, conv_kernel - 1), oldest column first, or None.
+
+        The request must have no committed ring rows (freshly admitted, or
+        materialized): the ring cursors are shared by all layers.
+        """
+        req = self._idle(request_id, "write_state")
+        layer = self._check_layer(layer)
+        g = self.geometry
+        _check_tensor("ssm_state", ssm_state, (g.heads_per_rank, g.head_dim, g.state_size), _FLOATS, self.device)
+        k = g.conv_kernel
+        if conv_window is not None:
+            _check_tensor("conv_window", conv_window, (g.conv_dim_per_rank, k - 1), _FLOATS, self.device)
+        page = self._state_page(req)
+        if self._committed(page):
+            raise LifecycleError(
+                f"write_state: request {request_id!r} has committed tokens in its ring; "
+                f"call materialize() first"
+            )
+        t = self.cache.layers[layer]
+        t[self.cache.state_name()][page] = ssm_state.to(g.state_dtype)
+        if conv_window is not None:
+            width = self.layout.conv_width
+            end = width - int(self.cache.conv_shift[req.pages[0]])
+            t["conv"][req.pages[0], :, end - (k - 1): end] = conv_window.to(g.conv_state_dtype)
+
+    def read_state(self, request_id: RequestId, layer: int) -> Tensor:
+        """(H, P, N) fp32: the state with every committed token applied. Changes nothing."""
+        req = self._idle(request_id, "read_state")
+        layer = self._check_layer(layer)
+        t = self.cache.layers[layer]
+        if self.layout.scheme == "native":
+            return t["state"][self._state_page(req)].float().clone()
+        page = req.pages[0]
+        A = self._A[layer]
+        if A is None and self._committed(page):
+            raise LifecycleError(f"read_state: layer {layer} has committed rows but no A was ever given")
+        return ref.replay_read_state(t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"],
+                                     self.cache.ring_start, self.cache.num_committed, A, page).clone()
+
+    def read_conv(self, request_id: RequestId, layer: int) -> Tensor:
+        """(conv_dim, conv_kernel - 1): the committed conv history, oldest column first."""
+        req = self._idle(request_id, "read_conv")
+        layer = self._check_layer(layer)
+        k, width = self.geometry.conv_kernel, self.layout.conv_width
+        end = width - int(self.cache.conv_shift[req.pages[0]])
+        return self.cache.layers[layer]["conv"][req.pages[0], :, end - (k - 1): end].clone()
+
+    def bind_layer(self, layer: int, A: Tensor) -> None:
+        """Give a layer's A (H,) ahead of time (``verify`` records it too); materialize needs it."""
+        layer = self._check_layer(layer)
+        _check_tensor("A", A, (self.geometry.heads_per_rank,), _FLOATS, self.device)
+        self._A[layer] = A
+
+    # -- steps ---------------------------------------------------------------------
+    def begin_step(self, request_ids: Sequence[RequestId], num_tokens: int | Sequence[int],
+                   pad_to: int | None = None) -> StepPlan:
+        """Open a verify step for ``request_ids`` with ``num_tokens`` (1..T) tokens each.
+
+        ``pad_to`` appends padding rows on the null page up to that many rows
+        (CUDA-graph batch buckets). With a uniform ``num_tokens`` padding rows get
+        that many tokens, otherwise none.
+        """
+        if self._open is not None:
+            raise LifecycleError(
+                f"step {self._open.step_id} is still open; commit or roll it back before begin_step"
+            )
+        ids = tuple(request_ids)
+        n = len(ids)
+        if n == 0:
+            raise SSMStateError("begin_step needs at least one request")
+        T = self.layout.spec.num_tokens
+        uniform = isinstance(num_tokens, int) and not isinstance(num_tokens, bool)
+        qs = [num_tokens] * n if uniform else list(num_tokens)  # type: ignore[arg-type]
+        if len(qs) != n:
+            raise SSMStateError(f"num_tokens has {len(qs)} entries for {n} requests")
+        for q in qs:
+            if not isinstance(q, int) or isinstance(q, bool) or not 1 <= q <= T:
+                raise SSMStateError(f"num_tokens must be ints in [1, T={T}], got {q!r}")
+        rows = n if pad_to is None else pad_to
+        if rows < n or rows > self.max_batch:
+            raise SSMStateError(f"pad_to={pad_to} must be in [{n}, max_batch={self.max_batch}]")
+        reqs = []
+        requests = self._requests
+        for rid in ids:
+            req = requests.get(rid) if isinstance(rid, Hashable) else None
+            if req is None:
+                raise UnknownRequestError(f"unknown request {rid!r} (never admitted, or released)")
+            reqs.append(req)
+        if len(set(map(id, reqs))) != n:
+            raise SSMStateError("begin_step got the same request twice")
+        pad_q = qs[0] if uniform else 0
+        all_q = qs + [pad_q] * (rows - n)
+        cu = [0] * (rows + 1)
+        acc = 0
+        for i, q in enumerate(all_q):
+            acc += q
+            cu[i + 1] = acc
+        ppr = self.layout.pages_per_request
+        table = [r.pages for r in reqs] + [[0] * ppr] * (rows - n)
+        table_host = torch.tensor(table, dtype=torch.int32)
+        cu_host = torch.tensor(cu, dtype=torch.int32)
+        qs_host = torch.tensor(qs, dtype=torch.int32)
+        tb, cb = self._page_table_buf[:rows], self._cu_buf[: rows + 1]
+        tb.copy_(table_host)
+        cb.copy_(cu_host)
+        qb = self._qs_buf[:n]
+        qb.copy_(qs_host)
+        page_ids = tb[:, 0]
+        # pending = q for the real rows; padding rows are never written.
+        self.cache.pending.index_copy_(0, page_ids[:n].long(), qb)
+        self._step += 1
+        plan = StepPlan(
+            step_id=self._step, request_ids=ids, num_tokens=tuple(all_q), page_ids=page_ids,
+            page_table=tb, cu_seqlens=cb, page_ids_host=table_host[:, 0], page_table_host=table_host,
+            cu_seqlens_host=cu_host, max_seqlen=max(all_q), total_tokens=acc,
+        )
+        for r in reqs:
+            r.in_step = True
+        self._open = plan
+        return plan
+
+    def _check_open(self, plan: StepPlan, verb: str) -> None:
+        if not isinstance(plan, StepPlan):
+            raise SSMStateError(f"{verb} needs a StepPlan from begin_step, got {type(plan).__name__}")
+        if plan.committed:
+            raise LifecycleError(f"{verb}: step {plan.step_id} was already committed")
+        if plan is not self._open:
+            raise LifecycleError(f"{verb}: step {plan.step_id} is not the open step")
+
+    def verify(self, layer: int, plan: StepPlan, x: Tensor, dt: Tensor, B: Tensor, C: Tensor, A: Tensor,
+               D: Tensor | None = None, dt_bias: Tensor | None = None, z: Tensor | None = None,
+               out: Tensor | None = None) -> Tensor:
+        """SSM outputs for every token of the step, for one layer.
+
+        Args:
+            x: (tokens, H, P) act dtype. dt: (tokens, H) raw, float.
+            B, C: (tokens, G, N) act dtype. A: (H,) float, negative.
+            D: (H,) skip. dt_bias: (H,). z: (tokens, H, P) gate.
+            out: (tokens, H, P) act dtype, written (CUDA-graph safe); allocated if None.
+        Returns:
+            y: (tokens, H, P) act dtype; ``softplus(dt + dt_bias)`` is applied inside.
+        """
+        self._check_open(plan, "verify")
+        layer = self._check_layer(layer)
+        if layer in plan.verified_layers:
+            raise LifecycleError(f"verify: layer {layer} was already verified in step {plan.step_id}")
+        g, dev, L = self.geometry, self.device, plan.total_tokens
+        H, P, N, G = g.heads_per_rank, g.head_dim, g.state_size, g.groups_per_rank
+        act = (g.act_dtype,)
+        _check_tensor("x", x, (L, H, P), act, dev)
+        _check_tensor("dt", dt, (L, H), _FLOATS, dev)
+        _check_tensor("B", B, (L, G, N), act, dev)
+        _check_tensor("C", C, (L, G, N), act, dev)
+        _check_tensor("A", A, (H,), _FLOATS, dev)
+        if D is not None:
+            _check_tensor("D", D, (H,), _FLOATS, dev)
+        if dt_bias is not None:
+            _check_tensor("dt_bias", dt_bias, (H,), _FLOATS, dev)
+        if z is not None:
+            _check_tensor("z", z, (L, H, P), act, dev)
+        if out is None:
+            out = torch.zeros((L, H, P), dtype=g.act_dtype, device=dev)
+        else:
+            _check_tensor("out", out, (L, H, P), act, dev)
+        self._A[layer] = A
+        y = self.backend.verify(self.cache, layer, plan, x, dt, A, B, C, D, dt_bias, z, out)
+        plan.verified_layers.add(layer)
+        return y
+
+    def conv(self, layer: int, plan: StepPlan, xBC: Tensor, weight: Tensor, bias: Tensor | None = None,
+             activation: str | None = "silu", out: Tensor | None = None) -> Tensor:
+        """Causal conv1d of the step's tokens with the page's conv history, for one layer.
+
+        Args:
+            xBC: (tokens, conv_dim) conv input. weight: (conv_dim, conv_kernel); the last
+                column multiplies the current token. bias: (conv_dim,). activation: "silu" or None.
+            out: (tokens, conv_dim), written; allocated if None.
+        Returns:
+            (tokens, conv_dim) in xBC's dtype.
+        """
+        self._check_open(plan, "conv")
+        layer = self._check_layer(layer)
+        if layer in plan.conv_layers:
+            raise LifecycleError(f"conv: layer {layer} already ran its conv in step {plan.step_id}")
+        if activation not in ("silu", None):
+            raise SSMStateError(f"activation must be 'silu' or None, got {activation!r}")
+        g, dev, L = self.geometry, self.device, plan.total_tokens
+        Dc = g.conv_dim_per_rank
+        _check_tensor("xBC", xBC, (L, Dc), _FLOATS, dev)
+        _check_tensor("weight", weight, (Dc, g.conv_kernel), _FLOATS, dev)
+        if bias is not None:
+            _check_tensor("bias", bias, (Dc,), _FLOATS, dev)
+        if out is None:
+            out = torch.zeros((L, Dc), dtype=xBC.dtype, device=dev)
+        else:
+            _check_tensor("out", out, (L, Dc), (xBC.dtype,), dev)
+        y = self.backend.conv(self.cache, layer, plan, xBC, weight, bias, activation, out)
+        plan.conv_layers.add(layer)
+        return y
+
+    def commit(self, plan: StepPlan, num_accepted: int | Sequence[int] | Tensor) -> None:
+        """Commit how many tokens of each row were accepted (bonus token included).
+
+        ``num_accepted``: one count per request (or per row, padding included);
+        ``0 <= a <= q`` (``a = 0`` rolls the whole window back; the native scheme
+        needs ``a >= 1``). A list or CPU tensor is checked on the host and a bad
+        value raises with nothing changed. A device tensor is checked on the
+        device without a sync: a bad batch is rolled back as a whole and
+        :meth:`raise_device_errors` raises later.
+        """
+        self._check_open(plan, "commit")
+        n, rows = plan.num_requests, plan.num_rows
+        verified = len(plan.verified_layers)
+        if verified not in (0, self.num_layers):
+            missing = sorted(set(range(self.num_layers)) - plan.verified_layers)
+            raise LifecycleError(f"commit: layers {missing} were not verified in step {plan.step_id}")
+        if len(plan.conv_layers) not in (0, self.num_layers):
+            missing = sorted(set(range(self.num_layers)) - plan.conv_layers)
+            raise LifecycleError(f"commit: layers {missing} did not run their conv in step {plan.step_id}")
+        low = 1 if self.layout.scheme == "native" else 0
+        device_counts: Tensor | None = None
+        if isinstance(num_accepted, torch.Tensor) and num_accepted.device.type != "cpu":
+            if num_accepted.device != self.device or num_accepted.dtype != torch.int32 \
+                    or num_accepted.dim() != 1 or num_accepted.shape[0] not in (n, rows):
+                raise ShapeError(f"num_accepted must be int32 ({n},) or ({rows},) on {self.device}")
+            if verified == 0:
+                raise LifecycleError("commit: no layer was verified; only rollback() is possible")
+            device_counts = num_accepted
+        else:
+            if isinstance(num_accepted, torch.Tensor):
+                if num_accepted.dim() != 1:
+                    raise ShapeError("num_accepted must be 1-D")
+                counts = num_accepted.tolist()
+            elif isinstance(num_accepted, int) and not isinstance(num_accepted, bool):
+                counts = [num_accepted] * n
+            else:
+                counts = list(num_accepted)
+            if len(counts) not in (n, rows):
+                raise SSMStateError(f"num_accepted has {len(counts)} entries for {n} requests")
+            qs = plan.num_tokens
+            for i, a in enumerate(counts[:n]):
+                if not isinstance(a, int) or isinstance(a, bool) or not low <= a <= qs[i]:
+                    raise SSMStateError(
+                        f"num_accepted[{i}]={a!r} out of range [{low}, {qs[i]}] for request {plan.request_ids[i]!r}"
+                    )
+            if verified == 0 and any(counts[:n]):
+                raise LifecycleError("commit: no layer was verified; only rollback() (0 accepted) is possible")
+            if len(counts) < rows:
+                counts = counts + [0] * (rows - len(counts))
+            buf = self._accepted_buf[:rows]
+            buf.copy_(torch.tensor(counts[:rows], dtype=torch.int32))
+            device_counts = buf
+        if verified == 0:
+            # Nothing was appended or flushed: clearing `pending` is the whole rollback.
+            self.cache.pending.index_fill_(0, plan.page_ids[:n].long(), 0)
+        else:
+            self.backend.commit(self.cache, plan, device_counts, bool(plan.conv_layers), self.error_flag)
+        self._close(plan)
+
+    def rollback(self, plan: StepPlan) -> None:
+        """Commit 0 accepted tokens for every row: the state is as before ``begin_step``."""
+        if self.layout.scheme == "native" and plan is self._open and plan.verified_layers:
+            raise LifecycleError("rollback: the native scheme overwrote its source state during verify")
+        self.commit(plan, 0)
+
+    def _close(self, plan: StepPlan) -> None:
+        plan.committed = True
+        self._open = None
+        for rid in plan.request_ids:
+            self._requests[rid].in_step = False
+
+    def raise_device_errors(self) -> None:
+        """Synchronize and raise :class:`DeviceCommitError` if a device-side commit was rejected."""
+        if int(self.error_flag.item()):
+            self.error_flag.zero_()
+            raise DeviceCommitError(
+                "a device-side commit had accepted counts out of range; that step was rolled back"
+            )
+
+    # -- materialize / preempt / resume -------------------------------------------
+    def materialize(self, request_ids: Sequence[RequestId]) -> None:
+        """Fold every committed ring row into the checkpoint (``c = 0``) for these requests."""
+        reqs = [self._idle(rid, "materialize") for rid in request_ids]
+        if self.layout.scheme == "native" or not reqs:
+            return
+        pages = torch.tensor([r.pages[0] for r in reqs], dtype=torch.int32, device=self.device)
+        missing = [i for i, A in enumerate(self._A) if A is None]
+        if missing and bool((self.cache.num_committed[pages.long()] > 0).any()):
+            raise LifecycleError(f"materialize: layers {missing} have committed rows but no A; call bind_layer")
+        for layer, A in enumerate(self._A):
+            if A is not None:
+                self.backend.materialize(self.cache, layer, A, pages)
+        ref.replay_reset_cursors(self.cache.ring_start, self.cache.num_committed, pages,
+                                 self.layout.spec.ring_len)
+
+    def preempt(self, request_id: RequestId) -> SavedState:
+        """Copy the request's pages and cursors to the host and free its pages."""
+        req = self._idle(request_id, "preempt")
+        idx = torch.tensor(req.pages, dtype=torch.long, device=self.device)
+        tensors = tuple(
+            {name: t.index_select(0, idx).cpu() for name, t in layer.items()} for layer in self.cache.layers
+        )
+        saved = SavedState(self.layout, tensors, self.cache.cursors.index_select(1, idx).cpu())
+        self.release(request_id)
+        return saved
+
+    def resume(self, request_id: RequestId, saved: SavedState) -> int:
+        """Admit ``request_id`` again and restore ``saved`` bit for bit; return its (first) page."""
+        if not isinstance(saved, SavedState):
+            raise SSMStateError(f"resume needs a SavedState, got {type(saved).__name__}")
+        if saved.layout != self.layout:
+            raise SSMStateError("resume: the saved state was taken with a different layout")
+        if request_id in self._requests:
+            raise LifecycleError(f"request {request_id!r} is already admitted")
+        pages = self.pool.allocate(self.layout.pages_per_request)
+        idx = torch.tensor(pages, dtype=torch.long, device=self.device)
+        for layer, saved_layer in zip(self.cache.layers, saved.tensors):
+            for name, t in layer.items():
+                t.index_copy_(0, idx, saved_layer[name].to(self.device))
+        self.cache.cursors.index_copy_(1, idx, saved.cursors.to(self.device))
+        self._requests[request_id] = _Request(pages)
+        return pages[0]
