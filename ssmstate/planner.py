@@ -1,0 +1,452 @@
+"""Capacity planning: how many concurrent requests fit on a GPU, native vs replay.
+
+Every Mamba byte comes from :class:`~ssmstate.layout.PageLayout` and every
+attention byte from :meth:`~ssmstate.geometry.AttentionGeometry.kv_bytes_per_token`;
+this module only combines them with a memory budget.
+
+Two figures per scheme:
+
+* **ideal** (:class:`SchemeCapacity`): the most requests whose state, cursors and
+  attention KV at ``max_model_len`` fit in the budget, with the null page charged
+  exactly as :class:`~ssmstate.StateManager` allocates it. With attention left out,
+  a ``StateManager`` given ``layout.max_pages(budget)`` pages admits exactly
+  ``max_concurrency`` requests.
+* **vLLM-compatible** (:class:`VllmCapacity`): vLLM 0.33.0's "Maximum concurrency
+  for N tokens per request" arithmetic for a hybrid model: the Mamba page padded
+  up to an attention page whose block size is raised to cover it, layers split
+  into KV-cache groups of equal size that share one block pool, ``1 +
+  num_speculative_blocks`` Mamba blocks per request natively and 1 for replay.
+  See docs/capacity.md for the derivation and the vLLM functions it mirrors.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable
+
+import attrs
+
+from ssmstate.dtypes import dtype_name
+from ssmstate.errors import CapacityError, ConfigError
+from ssmstate.geometry import Mamba2Geometry, ModelConfig, load_model
+from ssmstate.gpus import format_size, lookup_gpu, parse_size
+from ssmstate.layout import PageLayout, SpecConfig
+
+#: vLLM's ``CacheConfig.DEFAULT_BLOCK_SIZE``: the attention block size before hybrid alignment.
+VLLM_DEFAULT_BLOCK_SIZE = 16
+#: Smallest kernel block of vLLM's attention backends on Hopper/Blackwell
+#: (FlashAttention and Triton: ``MultipleOf(16)``; FlashInfer: 16, 32, 64):
+#: the raised block size is a multiple of it.
+VLLM_KERNEL_BLOCK_ALIGNMENT = 16
+#: The GPU assumed when neither ``gpu`` nor ``gpu_memory`` is given.
+DEFAULT_GPU = "H200"
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@attrs.frozen
+class SchemeCapacity:
+    """Ideal per-request cost and concurrency of one scheme (one tensor-parallel rank).
+
+    Attributes:
+        scheme: ``"native"`` or ``"replay"``.
+        pages_per_request: 1 + K (native) or 1 (replay).
+        page_bytes: one page over all Mamba layers (``PageLayout.page_bytes``).
+        layer_page_bytes: one page of one Mamba layer (``PageLayout.layer_page_bytes``).
+        allocated_bytes_per_page: ``page_bytes`` plus the page's cursors.
+        mamba_bytes_per_request: Mamba state of one request, cursors excluded.
+        mamba_allocated_bytes_per_request: the same with cursors.
+        attention_bytes_per_request: attention KV at ``max_model_len`` tokens (0 if not counted).
+        total_bytes_per_request: ``mamba_allocated_bytes_per_request + attention_bytes_per_request``.
+        num_pages: pages (null page included) a ``StateManager`` gets for this plan.
+        max_concurrency: most requests that fit, null page included in the charge.
+    """
+
+    scheme: str
+    pages_per_request: int
+    page_bytes: int
+    layer_page_bytes: int
+    allocated_bytes_per_page: int
+    mamba_bytes_per_request: int
+    mamba_allocated_bytes_per_request: int
+    attention_bytes_per_request: int
+    total_bytes_per_request: int
+    num_pages: int
+    max_concurrency: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class VllmCapacity:
+    """vLLM 0.33.0's max-concurrency arithmetic for one scheme (one rank).
+
+    Attributes:
+        scheme: ``"native"`` (vLLM's own Mamba2 spec decode) or ``"replay"`` (our page).
+        mamba_page_bytes: one layer's Mamba page before padding (``MambaSpec`` page).
+        attention_page_bytes_per_token: one attention layer's KV for one token.
+        block_size: the attention block size after hybrid alignment (None: no attention).
+        page_bytes: the unified page every group's block has; Mamba is padded to it.
+        num_speculative_blocks: K natively, 0 for replay.
+        mamba_blocks_per_request: ``1 + num_speculative_blocks`` (``mamba_cache_mode="none"``).
+        attention_blocks_per_request: ``cdiv(max_model_len, block_size)``.
+        group_size: layers per KV-cache group.
+        num_attention_groups, num_mamba_groups: groups of each kind.
+        blocks_per_request: Σ over groups of ``cdiv(max_memory_usage_bytes, page_size_bytes)``.
+        bytes_per_block: one block of the shared pool (all layers of the widest group).
+        available_memory: the KV-cache memory vLLM would be given.
+        num_blocks: ``available_memory // bytes_per_block`` (the null block included, as in vLLM).
+        max_concurrency: ``num_blocks / blocks_per_request``, the logged float.
+        kv_cache_size_tokens: ``int(max_concurrency * max_model_len)``, vLLM's "GPU KV cache size".
+    """
+
+    scheme: str
+    mamba_page_bytes: int
+    attention_page_bytes_per_token: int
+    block_size: int | None
+    page_bytes: int
+    num_speculative_blocks: int
+    mamba_blocks_per_request: int
+    attention_blocks_per_request: int
+    group_size: int
+    num_attention_groups: int
+    num_mamba_groups: int
+    blocks_per_request: int
+    bytes_per_block: int
+    available_memory: int
+    num_blocks: int
+    max_concurrency: float
+    kv_cache_size_tokens: int
+
+    @property
+    def padding_fraction(self) -> float:
+        """Share of each Mamba page that is padding (0 when pages already match)."""
+        return (self.page_bytes - self.mamba_page_bytes) / self.page_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        d = attrs.asdict(self)
+        d["padding_fraction"] = self.padding_fraction
+        return d
+
+
+@attrs.frozen
+class CapacityPlan:
+    """Concurrency of native vs replay state for one model, GPU budget and spec shape.
+
+    All byte counts are per tensor-parallel rank (what one GPU holds).
+
+    Attributes:
+        model: model name (preset or path).
+        geometry: the per-rank Mamba geometry used (dtypes, TP included).
+        spec: K and W.
+        gpu: GPU name, or None when ``gpu_memory`` was given.
+        gpu_memory: bytes of one GPU.
+        gpu_utilization: share of it given to Mamba state + attention KV.
+        budget_bytes: ``int(gpu_memory * gpu_utilization)``.
+        max_model_len: tokens each request may reach (attention KV is charged at it).
+        count_attention: whether attention KV is charged.
+        num_attention_layers: attention layers of the model (0 if none).
+        attention_bytes_per_token: KV bytes per token over all attention layers on one rank.
+        native, replay: the ideal figures.
+        vllm_native, vllm_replay: vLLM's figures (None unless ``vllm_compatible``).
+    """
+
+    model: str
+    geometry: Mamba2Geometry
+    spec: SpecConfig
+    gpu: str | None
+    gpu_memory: int
+    gpu_utilization: float
+    budget_bytes: int
+    max_model_len: int
+    count_attention: bool
+    num_attention_layers: int
+    attention_bytes_per_token: int
+    native: SchemeCapacity
+    replay: SchemeCapacity
+    vllm_native: VllmCapacity | None = None
+    vllm_replay: VllmCapacity | None = None
+
+    @property
+    def tp_size(self) -> int:
+        return self.geometry.tp_size
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.spec.num_speculative_tokens
+
+    @property
+    def concurrency_ratio(self) -> float:
+        """``replay.max_concurrency / native.max_concurrency`` (ideal figures)."""
+        return self.replay.max_concurrency / self.native.max_concurrency
+
+    @property
+    def mamba_bytes_ratio(self) -> float:
+        """Native over replay Mamba state bytes per request: how much smaller replay is."""
+        return self.native.mamba_bytes_per_request / self.replay.mamba_bytes_per_request
+
+    @property
+    def vllm_ratio(self) -> float | None:
+        """``vllm_replay.max_concurrency / vllm_native.max_concurrency``, or None."""
+        if self.vllm_native is None or self.vllm_replay is None:
+            return None
+        return self.vllm_replay.max_concurrency / self.vllm_native.max_concurrency
+
+    def scheme(self, name: str) -> SchemeCapacity:
+        if name not in ("native", "replay"):
+            raise ConfigError(f"scheme must be 'native' or 'replay', got {name!r}")
+        return self.native if name == "native" else self.replay
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "geometry": self.geometry.describe(),
+            "num_speculative_tokens": self.spec.num_speculative_tokens,
+            "window": self.spec.window,
+            "ring_len": self.spec.ring_len,
+            "gpu": self.gpu,
+            "gpu_memory": self.gpu_memory,
+            "gpu_utilization": self.gpu_utilization,
+            "budget_bytes": self.budget_bytes,
+            "tp_size": self.tp_size,
+            "max_model_len": self.max_model_len,
+            "count_attention": self.count_attention,
+            "num_attention_layers": self.num_attention_layers,
+            "attention_bytes_per_token": self.attention_bytes_per_token,
+            "native": self.native.to_dict(),
+            "replay": self.replay.to_dict(),
+            "concurrency_ratio": self.concurrency_ratio,
+            "mamba_bytes_ratio": self.mamba_bytes_ratio,
+            "vllm_native": None if self.vllm_native is None else self.vllm_native.to_dict(),
+            "vllm_replay": None if self.vllm_replay is None else self.vllm_replay.to_dict(),
+            "vllm_ratio": self.vllm_ratio,
+        }
+
+
+# -- the two computations ------------------------------------------------------
+
+def _ideal(layout: PageLayout, budget: int, attention_bytes: int) -> SchemeCapacity:
+    """Most requests with ``(1 + n * ppr)`` pages plus ``n`` attention KV reservations in ``budget``."""
+    page = layout.allocated_bytes_per_page
+    ppr = layout.pages_per_request
+    if attention_bytes == 0:
+        n = layout.max_requests(budget)
+        num_pages = layout.max_pages(budget)
+    else:
+        n = max(0, (budget - page) // (ppr * page + attention_bytes))
+        num_pages = 1 + n * ppr
+    return SchemeCapacity(
+        scheme=layout.scheme,
+        pages_per_request=ppr,
+        page_bytes=layout.page_bytes,
+        layer_page_bytes=layout.layer_page_bytes,
+        allocated_bytes_per_page=page,
+        mamba_bytes_per_request=layout.bytes_per_request,
+        mamba_allocated_bytes_per_request=layout.allocated_bytes_per_request,
+        attention_bytes_per_request=attention_bytes,
+        total_bytes_per_request=layout.allocated_bytes_per_request + attention_bytes,
+        num_pages=num_pages,
+        max_concurrency=n,
+    )
+
+
+def vllm_group_sizes(num_attention_layers: int, num_mamba_layers: int) -> tuple[int, int, int]:
+    """``(group_size, num_attention_groups, num_mamba_groups)`` as vLLM groups a hybrid.
+
+    Mirrors ``_get_kv_cache_groups_uniform_page_size``: the group size is the
+    smaller layer count, or the larger one when it is under 1.5x the smaller;
+    each kind is split into ``cdiv(count, group_size)`` groups.
+    """
+    if num_attention_layers == 0:
+        return num_mamba_layers, 0, 1
+    small = min(num_attention_layers, num_mamba_layers)
+    large = max(num_attention_layers, num_mamba_layers)
+    group_size = large if 2 * large < 3 * small else small
+    return group_size, _cdiv(num_attention_layers, group_size), _cdiv(num_mamba_layers, group_size)
+
+
+def vllm_attention_block_size(mamba_page_bytes: int, attention_page_bytes_per_token: int,
+                              block_size: int | None = None) -> int:
+    """The attention block size vLLM picks so an attention page covers the Mamba page.
+
+    Mirrors ``Platform._align_hybrid_block_size``: the smallest multiple of the
+    kernel alignment (``max(16, block_size)``) whose page is at least the Mamba
+    page, rounded up to the backends' alignment (16); never below ``block_size``.
+    """
+    start = VLLM_DEFAULT_BLOCK_SIZE if block_size is None else block_size
+    align = max(VLLM_KERNEL_BLOCK_ALIGNMENT, start)
+    raised = align * _cdiv(mamba_page_bytes, align * attention_page_bytes_per_token)
+    raised = VLLM_KERNEL_BLOCK_ALIGNMENT * _cdiv(raised, VLLM_KERNEL_BLOCK_ALIGNMENT)
+    return max(start, raised)
+
+
+def _vllm(layout: PageLayout, available_memory: int, max_model_len: int, num_attention_layers: int,
+          attention_page_bytes_per_token: int, block_size: int | None) -> VllmCapacity:
+    mamba_page = layout.layer_page_bytes
+    nsb = layout.spec.num_speculative_tokens if layout.scheme == "native" else 0
+    num_mamba = layout.geometry.num_layers
+    group_size, n_attn, n_mamba = vllm_group_sizes(num_attention_layers, num_mamba)
+    if num_attention_layers:
+        bs: int | None = vllm_attention_block_size(mamba_page, attention_page_bytes_per_token, block_size)
+        page = bs * attention_page_bytes_per_token
+        attn_blocks = _cdiv(max_model_len, bs)
+        widest = max(_cdiv(num_attention_layers, n_attn), _cdiv(num_mamba, n_mamba))
+    else:
+        bs, page, attn_blocks, widest = None, mamba_page, 0, num_mamba
+    mamba_blocks = _cdiv(page * (1 + nsb), page)
+    blocks_per_request = n_attn * attn_blocks + n_mamba * mamba_blocks
+    bytes_per_block = widest * page
+    num_blocks = available_memory // bytes_per_block
+    concurrency = num_blocks / blocks_per_request
+    return VllmCapacity(
+        scheme=layout.scheme,
+        mamba_page_bytes=mamba_page,
+        attention_page_bytes_per_token=attention_page_bytes_per_token,
+        block_size=bs,
+        page_bytes=page,
+        num_speculative_blocks=nsb,
+        mamba_blocks_per_request=mamba_blocks,
+        attention_blocks_per_request=attn_blocks,
+        group_size=group_size,
+        num_attention_groups=n_attn,
+        num_mamba_groups=n_mamba,
+        blocks_per_request=blocks_per_request,
+        bytes_per_block=bytes_per_block,
+        available_memory=available_memory,
+        num_blocks=num_blocks,
+        max_concurrency=concurrency,
+        kv_cache_size_tokens=int(concurrency * max_model_len),
+    )
+
+
+# -- public entry points -------------------------------------------------------
+
+def _resolve_memory(gpu_memory: int | str | None, gpu: str | None) -> tuple[int, str | None]:
+    if gpu_memory is not None and gpu is not None:
+        raise ConfigError("give a GPU name or a memory size, not both")
+    if gpu_memory is not None:
+        return parse_size(gpu_memory), None
+    info = lookup_gpu(DEFAULT_GPU if gpu is None else gpu)
+    return info.total_bytes, info.name
+
+
+def _check_positive_int(name: str, value: object, minimum: int = 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def plan_capacity(
+    model: str | os.PathLike[str] | ModelConfig,
+    *,
+    gpu_memory: int | str | None = None,
+    gpu: str | None = None,
+    gpu_utilization: float = 0.9,
+    tp_size: int = 1,
+    num_speculative_tokens: int = 3,
+    window: int = 16,
+    state_dtype: str = "float32",
+    act_dtype: str = "bfloat16",
+    max_model_len: int | None = None,
+    count_attention: bool = True,
+    vllm_compatible: bool = False,
+    block_size: int | None = None,
+) -> CapacityPlan:
+    """Plan how many concurrent requests fit, native (1 + K pages) vs replay (1 page).
+
+    Args:
+        model: a preset name (``"nemotron-h-8b"``), a ``config.json`` path, or a :class:`ModelConfig`.
+        gpu_memory: bytes of one GPU, as an int or a size string (``"80GiB"``, ``"141GB"``).
+        gpu: a GPU name from :data:`ssmstate.gpus.GPUS` (``"H100-80GB"``, ``"H200"``, ``"B200"``,
+            ``"GB200"``); H200 when neither this nor ``gpu_memory`` is given.
+        gpu_utilization: share of the GPU budgeted for Mamba state and attention KV
+            (vLLM's ``gpu_memory_utilization``; weights and activations are not
+            subtracted: pass the KV-cache memory vLLM logs and 1.0 to match a run).
+        tp_size: tensor-parallel size; must divide heads, groups and conv channels.
+        num_speculative_tokens: K.
+        window: W, the replay window.
+        state_dtype, act_dtype: SSM state dtype and activation (ring, conv, KV) dtype.
+        max_model_len: tokens per request for the attention KV charge; the model's
+            maximum when None.
+        count_attention: charge attention KV (False: Mamba state only).
+        vllm_compatible: also compute vLLM 0.33.0's figures (``vllm_native``, ``vllm_replay``).
+        block_size: vLLM's starting attention block size (``--block-size``); 16 when None.
+
+    Raises:
+        ConfigError: unknown model or GPU, bad sizes, TP not dividing the model.
+        CapacityError: the budget holds no request of one of the schemes.
+    """
+    cfg = model if isinstance(model, ModelConfig) else load_model(model)
+    if isinstance(gpu_utilization, bool) or not isinstance(gpu_utilization, (int, float)) \
+            or not 0 < gpu_utilization <= 1:
+        raise ConfigError(f"gpu_utilization must be in (0, 1], got {gpu_utilization!r}")
+    _check_positive_int("tp_size", tp_size)
+    if block_size is not None:
+        _check_positive_int("block_size", block_size)
+    memory, gpu_name = _resolve_memory(gpu_memory, gpu)
+    budget = int(memory * gpu_utilization)
+    mml = cfg.max_model_len if max_model_len is None else _check_positive_int("max_model_len", max_model_len)
+    geometry = cfg.mamba_geometry(state_dtype=state_dtype, act_dtype=act_dtype, tp_size=tp_size)
+    spec = SpecConfig(num_speculative_tokens, window)
+    attn = cfg.attention
+    if attn is not None:
+        attn = attrs.evolve(attn, kv_dtype=geometry.act_dtype)
+    num_attn = attn.num_layers if attn is not None else 0
+    per_token = attn.kv_bytes_per_token(tp_size) if (attn is not None and count_attention) else 0
+    layouts = {s: PageLayout(s, geometry, spec) for s in ("native", "replay")}
+    ideal = {s: _ideal(layout, budget, per_token * mml) for s, layout in layouts.items()}
+    for s, cap in ideal.items():
+        if cap.max_concurrency == 0:
+            raise CapacityError(
+                f"a budget of {format_size(budget)} ({budget} bytes) holds no {s} request of {cfg.name} "
+                f"(one needs {format_size(cap.total_bytes_per_request)} plus the "
+                f"{format_size(cap.allocated_bytes_per_page)} null page)",
+                required=cap.total_bytes_per_request + cap.allocated_bytes_per_page,
+                available=budget, unit="bytes",
+            )
+    vllm: dict[str, VllmCapacity | None] = {"native": None, "replay": None}
+    if vllm_compatible:
+        vllm_attn_layers = num_attn if count_attention else 0
+        attn_page_1 = attn.kv_bytes_per_token_per_layer(tp_size) if attn is not None else 0
+        for s, layout in layouts.items():
+            vllm[s] = _vllm(layout, budget, mml, vllm_attn_layers, attn_page_1, block_size)
+    return CapacityPlan(
+        model=cfg.name,
+        geometry=geometry,
+        spec=spec,
+        gpu=gpu_name,
+        gpu_memory=memory,
+        gpu_utilization=float(gpu_utilization),
+        budget_bytes=budget,
+        max_model_len=mml,
+        count_attention=count_attention and num_attn > 0,
+        num_attention_layers=num_attn,
+        attention_bytes_per_token=per_token,
+        native=ideal["native"],
+        replay=ideal["replay"],
+        vllm_native=vllm["native"],
+        vllm_replay=vllm["replay"],
+    )
+
+
+def sweep_k(model: str | os.PathLike[str] | ModelConfig, ks: Iterable[int] = range(0, 9),
+            **kwargs: Any) -> list[CapacityPlan]:
+    """:func:`plan_capacity` for each K in ``ks`` (other arguments as there).
+
+    ``window`` defaults to ``max(16, 1 + max(ks))`` so every K fits the ring.
+    """
+    ks = list(ks)
+    if not ks:
+        raise ConfigError("sweep_k needs at least one K")
+    if "num_speculative_tokens" in kwargs:
+        raise ConfigError("sweep_k sets num_speculative_tokens itself; pass ks")
+    kwargs.setdefault("window", max(16, 1 + max(ks)))
+    return [plan_capacity(model, num_speculative_tokens=k, **kwargs) for k in ks]
+
+
+def describe_dtypes(plan: CapacityPlan) -> str:
+    g = plan.geometry
+    return f"state {dtype_name(g.state_dtype)}, act {dtype_name(g.act_dtype)}, conv {dtype_name(g.conv_state_dtype)}"
