@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from array import array
+from itertools import accumulate
+from operator import le
 from typing import Hashable, Sequence
 
 import attrs
@@ -51,7 +54,11 @@ class SavedState:
 @attrs.define(eq=False)
 class _Request:
     pages: list[int]
-    in_step: bool = False
+
+
+def _i32(values: list[int]) -> Tensor:
+    """A CPU int32 tensor from a list of ints, several times faster than ``torch.tensor``."""
+    return torch.frombuffer(array("i", values), dtype=torch.int32)
 
 
 def _check_tensor(name: str, t: object, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...],
@@ -98,6 +105,7 @@ class StateManager:
         self._requests: dict[RequestId, _Request] = {}
         self._A: list[Tensor | None] = [None] * layout.geometry.num_layers
         self._open: StepPlan | None = None
+        self._open_ids: frozenset[RequestId] = frozenset()
         self._step = 0
         rows = max_batch if max_batch is not None else num_pages
         if rows < 1:
@@ -144,9 +152,15 @@ class StateManager:
         except (KeyError, TypeError):
             raise UnknownRequestError(f"unknown request {request_id!r} (never admitted, or released)") from None
 
+    def _known(self, request_id: RequestId) -> bool:
+        try:
+            return request_id in self._requests
+        except TypeError:
+            return False
+
     def _idle(self, request_id: RequestId, verb: str) -> _Request:
         req = self._get(request_id)
-        if req.in_step:
+        if self._open is not None and request_id in self._open_ids:
             raise LifecycleError(f"{verb}: request {request_id!r} is in an open step; commit or roll it back first")
         return req
 
@@ -263,53 +277,55 @@ class StateManager:
         if n == 0:
             raise SSMStateError("begin_step needs at least one request")
         T = self.layout.spec.num_tokens
-        uniform = isinstance(num_tokens, int) and not isinstance(num_tokens, bool)
-        qs = [num_tokens] * n if uniform else list(num_tokens)  # type: ignore[arg-type]
-        if len(qs) != n:
-            raise SSMStateError(f"num_tokens has {len(qs)} entries for {n} requests")
-        for q in qs:
-            if not isinstance(q, int) or isinstance(q, bool) or not 1 <= q <= T:
-                raise SSMStateError(f"num_tokens must be ints in [1, T={T}], got {q!r}")
+        if isinstance(num_tokens, int) and not isinstance(num_tokens, bool):
+            if not 1 <= num_tokens <= T:
+                raise SSMStateError(f"num_tokens must be ints in [1, T={T}], got {num_tokens!r}")
+            qs = [num_tokens] * n
+            pad_q = num_tokens
+        else:
+            qs = list(num_tokens)
+            if len(qs) != n:
+                raise SSMStateError(f"num_tokens has {len(qs)} entries for {n} requests")
+            if not all(type(q) is int and 1 <= q <= T for q in qs):
+                bad = next(q for q in qs if not (type(q) is int and 1 <= q <= T))
+                raise SSMStateError(f"num_tokens must be ints in [1, T={T}], got {bad!r}")
+            pad_q = 0
         rows = n if pad_to is None else pad_to
         if rows < n or rows > self.max_batch:
             raise SSMStateError(f"pad_to={pad_to} must be in [{n}, max_batch={self.max_batch}]")
-        reqs = []
         requests = self._requests
-        for rid in ids:
-            req = requests.get(rid) if isinstance(rid, Hashable) else None
-            if req is None:
-                raise UnknownRequestError(f"unknown request {rid!r} (never admitted, or released)")
-            reqs.append(req)
-        if len(set(map(id, reqs))) != n:
+        try:
+            reqs = [requests[rid] for rid in ids]
+        except (KeyError, TypeError):
+            bad_id = next(rid for rid in ids if not self._known(rid))
+            raise UnknownRequestError(f"unknown request {bad_id!r} (never admitted, or released)") from None
+        open_ids = frozenset(ids)
+        if len(open_ids) != n:
             raise SSMStateError("begin_step got the same request twice")
-        pad_q = qs[0] if uniform else 0
-        all_q = qs + [pad_q] * (rows - n)
-        cu = [0] * (rows + 1)
-        acc = 0
-        for i, q in enumerate(all_q):
-            acc += q
-            cu[i + 1] = acc
+        all_q = qs + [pad_q] * (rows - n) if rows > n else qs
+        cu = [0, *accumulate(all_q)]
         ppr = self.layout.pages_per_request
-        table = [r.pages for r in reqs] + [[0] * ppr] * (rows - n)
-        table_host = torch.tensor(table, dtype=torch.int32)
-        cu_host = torch.tensor(cu, dtype=torch.int32)
-        qs_host = torch.tensor(qs, dtype=torch.int32)
+        if ppr == 1:
+            table_host = _i32([r.pages[0] for r in reqs] + [0] * (rows - n))[:, None]
+        else:
+            table_host = torch.tensor([r.pages for r in reqs] + [[0] * ppr] * (rows - n), dtype=torch.int32)
+        cu_host = _i32(cu)
         tb, cb = self._page_table_buf[:rows], self._cu_buf[: rows + 1]
         tb.copy_(table_host)
         cb.copy_(cu_host)
-        qb = self._qs_buf[:n]
-        qb.copy_(qs_host)
         page_ids = tb[:, 0]
-        # pending = q for the real rows; padding rows are never written.
+        # pending = q for the real rows; padding rows (and page 0) are never written.
+        qb = self._qs_buf[:n]
+        qb.copy_(_i32(qs))
         self.cache.pending.index_copy_(0, page_ids[:n].long(), qb)
         self._step += 1
+        acc = cu[-1]
         plan = StepPlan(
             step_id=self._step, request_ids=ids, num_tokens=tuple(all_q), page_ids=page_ids,
             page_table=tb, cu_seqlens=cb, page_ids_host=table_host[:, 0], page_table_host=table_host,
             cu_seqlens_host=cu_host, max_seqlen=max(all_q), total_tokens=acc,
         )
-        for r in reqs:
-            r.in_step = True
+        self._open_ids = open_ids
         self._open = plan
         return plan
 
@@ -432,17 +448,22 @@ class StateManager:
             if len(counts) not in (n, rows):
                 raise SSMStateError(f"num_accepted has {len(counts)} entries for {n} requests")
             qs = plan.num_tokens
-            for i, a in enumerate(counts[:n]):
-                if not isinstance(a, int) or isinstance(a, bool) or not low <= a <= qs[i]:
-                    raise SSMStateError(
-                        f"num_accepted[{i}]={a!r} out of range [{low}, {qs[i]}] for request {plan.request_ids[i]!r}"
-                    )
-            if verified == 0 and any(counts[:n]):
+            try:
+                packed = array("i", counts)
+            except (TypeError, OverflowError):
+                raise SSMStateError(f"num_accepted must be ints, got {counts!r:.200}") from None
+            if min(packed[:n]) < low or not all(map(le, packed[:n], qs)):
+                i = next(i for i in range(n) if not low <= packed[i] <= qs[i])
+                raise SSMStateError(
+                    f"num_accepted[{i}]={packed[i]} out of range [{low}, {qs[i]}] for request "
+                    f"{plan.request_ids[i]!r}"
+                )
+            if verified == 0 and any(packed[:n]):
                 raise LifecycleError("commit: no layer was verified; only rollback() (0 accepted) is possible")
-            if len(counts) < rows:
-                counts = counts + [0] * (rows - len(counts))
+            if len(packed) < rows:
+                packed.extend([0] * (rows - len(packed)))
             buf = self._accepted_buf[:rows]
-            buf.copy_(torch.tensor(counts[:rows], dtype=torch.int32))
+            buf.copy_(torch.frombuffer(packed, dtype=torch.int32))
             device_counts = buf
         if verified == 0:
             # Nothing was appended or flushed: clearing `pending` is the whole rollback.
@@ -460,8 +481,7 @@ class StateManager:
     def _close(self, plan: StepPlan) -> None:
         plan.committed = True
         self._open = None
-        for rid in plan.request_ids:
-            self._requests[rid].in_step = False
+        self._open_ids = frozenset()
 
     def raise_device_errors(self) -> None:
         """Synchronize and raise :class:`DeviceCommitError` if a device-side commit was rejected."""

@@ -1,0 +1,546 @@
+"""FlashInfer backend: ``flashinfer.mamba`` kernels run directly on the shared page layout.
+
+The ReplaySSM layout of ssmstate *is* FlashInfer's ``checkpointing_ssu`` layout
+(checkpoint ``(pages, H, P, N)``, x ring ``(pages, H, R, P)``, B ring
+``(pages, G, R, N)``, fp32 processed-dt ring ``(pages, H, R)``, ring exactly
+``R = W + T`` rows), so verify hands the cache tensors and the cursors to the
+kernel with no copy:
+
+* ``ring_start`` → ``ring_start``, ``num_committed`` (c) → ``prev_num_accepted_tokens``;
+* ``plan.page_ids`` → ``state_batch_indices`` with ``pad_slot_id=0`` (the null page);
+* ``softplus(dt + dt_bias)`` inside (``dt_softplus=True``); A, D, dt_bias and dt
+  are tied over head_dim through stride-0 expands, as FlashInfer requires.
+
+The kernel takes the flush decision per row in-kernel
+(``prev_k + seq_len > max_window`` with ``max_window = R - T``); the commit of
+the reference (:func:`ssmstate.kernels.reference.replay_commit`, device-side
+torch ops) applies the same rule ``c + q > W``, so cursors stay in step. That is
+why every call is JIT-specialised on ``T`` (``max_seqlen = T`` in varlen mode even
+when the longest row is shorter): a smaller ``T`` would silently widen FlashInfer's
+window to ``R - max_seqlen``.
+
+Two input forms: a uniform batch with ``q = T`` on every row goes dense,
+``(rows, T, H, P)``, the form FlashInfer's autotuner covers; anything else goes
+packed varlen, ``(1, tokens, H, P)`` with ``cu_seqlens``. The two-kernel scratch
+(:func:`flashinfer.mamba.allocate_checkpointing_ssu_scratch`) is allocated once
+per cache for the manager's ``max_batch`` rows, on first use (or by
+:meth:`FlashInferBackend.reserve`), and shared by every layer, so a verify
+allocates nothing and can be captured in a CUDA graph once it has run once.
+
+The native scheme (:meth:`PageLayout.native`) runs FlashInfer's
+``selective_state_update`` in its multi-token form: the row starts from the
+state of the last accepted token (page ``page_table[r, state_slot + 1 - 1]``
+through ``num_accepted_tokens``) and writes the state after window token ``i``
+to ``page_table[r, i]``, exactly :func:`ssmstate.kernels.reference.native_verify`.
+
+Commit, materialize and the conv update are the reference functions (they run
+on the GPU). flashinfer-python is optional: this module imports without it, and
+every check that does not need it runs first, so CPU CI can test the errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import weakref
+from collections.abc import Iterator, Sequence
+from types import ModuleType
+from typing import Any
+
+import attrs
+import torch
+
+from ssmstate.cache import StateCache
+from ssmstate.errors import BackendUnavailableError, ShapeError
+from ssmstate.kernels import reference as ref
+from ssmstate.layout import PageLayout
+from ssmstate.plan import StepPlan
+
+Tensor = torch.Tensor
+
+#: ``algorithm`` values of ``checkpointing_ssu``: FlashInfer's choice (its autotuned
+#: tactic for dense calls, else two-kernel when ``rows * H >= SMs``), or forced.
+ALGORITHMS = ("auto", "monolith", "two-kernel")
+#: ``algorithm`` values of the native ``selective_state_update`` path.
+NATIVE_ALGORITHMS = ("auto", "simple")
+#: checkpointing_ssu replays the ring in one 16-wide MMA K tile.
+MAX_WINDOW = 16
+#: selective_state_update's multi-token form is exercised up to 16 tokens here.
+MAX_NATIVE_TOKENS = 16
+_TWO_BYTE = (torch.bfloat16, torch.float16)
+_STATE = (torch.float32, torch.bfloat16, torch.float16)
+_INT32_MAX = 2**31 - 1
+_OTHERS = "backends that can run it: 'reference' (PyTorch, any device) and 'triton'"
+_INSTALL = "pip install 'ssmstate[flashinfer]' (flashinfer-python>=0.7.2)"
+
+
+# -- checks that need no flashinfer ----------------------------------------------
+
+def unsupported_reasons(layout: PageLayout) -> list[str]:
+    """Why FlashInfer cannot serve ``layout`` (empty when it can). Needs neither flashinfer nor a GPU.
+
+    Replay (``checkpointing_ssu``): 2-byte activations (x, B, C, z and the x/B
+    rings; its MMAs are bf16/fp16 only), fp32/bf16/fp16 checkpoint, ``W <= 16``
+    (one MMA K tile), ``T <= W``, ``P`` a multiple of 16 and at least 32 (the
+    output MMA tiles head_dim by 16 with a 32-wide floor), ``N`` a multiple of 64
+    (the state replay runs an even number of 32-column MMA passes), and
+    ``H * P * N`` below 2**31 (32-bit address folds).
+
+    Native (``selective_state_update``, multi-token): 2-byte activations,
+    ``T <= 16``, ``P`` a multiple of 16 (16 rows per pass), ``N`` a multiple of 64
+    (register tiling of the state rows, for every state dtype) and ``H / G`` a
+    power of two up to 64 (its head-group dispatch).
+    """
+    g, s = layout.geometry, layout.spec
+    H, P, N, G = g.heads_per_rank, g.head_dim, g.state_size, g.groups_per_rank
+    T, W = s.num_tokens, s.window
+    reasons: list[str] = []
+    if g.act_dtype not in _TWO_BYTE:
+        reasons.append(f"act_dtype={g.act_dtype} (x, B, C, z and the rings must be bf16 or fp16)")
+    if g.state_dtype not in _STATE:
+        reasons.append(f"state_dtype={g.state_dtype} (needs fp32, bf16 or fp16)")
+    if P % 16:
+        reasons.append(f"head_dim P={P} is not a multiple of 16")
+    if N % 64:
+        reasons.append(f"state_size N={N} is not a multiple of 64")
+    if layout.scheme == "replay":
+        if W > MAX_WINDOW:
+            reasons.append(f"window W={W} > {MAX_WINDOW} (checkpointing_ssu replays at most 16 ring rows)")
+        if T > W:
+            reasons.append(f"T=1+K={T} > window W={W}")
+        if P < 32:
+            reasons.append(f"head_dim P={P} < 32")
+        if H * P * N > _INT32_MAX:
+            reasons.append(f"H*P*N={H * P * N} does not fit 32-bit offsets")
+    else:
+        if T > MAX_NATIVE_TOKENS:
+            reasons.append(f"T=1+K={T} > {MAX_NATIVE_TOKENS} tokens per step")
+        hpg = H // G
+        if hpg > 64 or hpg & (hpg - 1):
+            reasons.append(f"heads per group H/G={hpg} is not a power of two <= 64")
+    return reasons
+
+
+def check_layout(layout: PageLayout) -> None:
+    """Raise :class:`BackendUnavailableError` naming every reason FlashInfer cannot serve ``layout``."""
+    reasons = unsupported_reasons(layout)
+    if reasons:
+        raise BackendUnavailableError(
+            f"flashinfer backend cannot run this {layout.scheme} layout: {'; '.join(reasons)}; {_OTHERS}"
+        )
+
+
+def check_device(device: torch.device | str) -> torch.device:
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise BackendUnavailableError(
+            f"flashinfer backend needs a CUDA device, got {device}; {_OTHERS} ('reference' on {device.type})"
+        )
+    return device
+
+
+# -- flashinfer, imported on demand ------------------------------------------------
+
+def import_flashinfer() -> ModuleType:
+    """``flashinfer.mamba``, or :class:`BackendUnavailableError` saying how to get a usable one."""
+    try:
+        import flashinfer.mamba as fim
+    except Exception as exc:  # ImportError, or a broken install failing at import time
+        raise BackendUnavailableError(
+            f"flashinfer backend: flashinfer-python cannot be imported ({type(exc).__name__}: {exc}); "
+            f"{_INSTALL}; {_OTHERS}"
+        ) from None
+    fn = getattr(fim, "checkpointing_ssu", None)
+    if fn is None or not hasattr(fim, "allocate_checkpointing_ssu_scratch"):
+        raise BackendUnavailableError(
+            f"flashinfer backend: this flashinfer has no checkpointing_ssu ring API; {_INSTALL}; {_OTHERS}"
+        )
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = None
+    if params is not None and not {"prev_num_accepted_tokens", "cu_seqlens", "algorithm"} <= set(params):
+        raise BackendUnavailableError(
+            f"flashinfer backend: this flashinfer's checkpointing_ssu predates the ring API "
+            f"(no prev_num_accepted_tokens/cu_seqlens/algorithm); {_INSTALL}; {_OTHERS}"
+        )
+    return fim
+
+
+def _check_gpu(device: torch.device) -> None:
+    if not torch.cuda.is_available():
+        raise BackendUnavailableError(f"flashinfer backend: CUDA is not available here; {_OTHERS}")
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:
+        raise BackendUnavailableError(
+            f"flashinfer backend needs compute capability 8.0+ (cp.async, mma.sync), "
+            f"{device} is {major}.{minor}; {_OTHERS}"
+        )
+
+
+# -- per-call argument checks (after the manager's shape/dtype checks) ---------------
+
+def _check_rows(name: str, t: Tensor, inner: int, last: int) -> None:
+    """``t`` is (tokens, inner, last): each token's (inner, last) block contiguous and 16-byte aligned."""
+    es = t.element_size()
+    if t.stride(2) != 1 or t.stride(1) != last:
+        raise ShapeError(
+            f"flashinfer backend: {name} needs its last two dims contiguous (strides (*, {last}, 1)), "
+            f"got strides {tuple(t.stride())}; pass {name}.contiguous()"
+        )
+    if t.data_ptr() % 16 or (t.shape[0] > 1 and (t.stride(0) * es) % 16):
+        raise ShapeError(
+            f"flashinfer backend: {name} must be 16-byte aligned per token (address {t.data_ptr():#x}, "
+            f"token stride {t.stride(0)} elements)"
+        )
+
+
+def _check_dt(dt: Tensor) -> None:
+    if dt.shape[1] > 1 and dt.stride(1) != 1:
+        raise ShapeError(f"flashinfer backend: dt needs unit stride over heads, got strides {tuple(dt.stride())}")
+
+
+def _max_rows(plan: StepPlan) -> int:
+    """Rows the plan's persistent buffers can hold (the manager's ``max_batch``)."""
+    pt = plan.page_table
+    per_row = pt.shape[1] * pt.element_size()
+    try:
+        cap = pt.untyped_storage().nbytes() // per_row
+    except (RuntimeError, ZeroDivisionError):
+        cap = 0
+    return max(plan.num_rows, cap)
+
+
+@attrs.define(eq=False)
+class _CacheBuffers:
+    """Per-cache persistent buffers; older ones stay alive for graphs captured with them."""
+
+    rows: int = 0
+    scratch: tuple[Tensor, Tensor, Tensor] | None = None
+    num_accepted: Tensor | None = None  # native: (rows,) int32
+    dt32: Tensor | None = None  # native: (rows * T, H) fp32
+    retired: list[object] = attrs.field(factory=list)
+
+
+class FlashInferBackend:
+    """FlashInfer kernels on the shared layout; reference commit, materialize and conv.
+
+    Args:
+        algorithm: ``checkpointing_ssu`` kernel choice: ``"auto"`` (FlashInfer's:
+            the autotuned tactic for dense calls, see :func:`autotune`, else
+            two-kernel when ``rows * H >= SMs``), ``"monolith"`` or ``"two-kernel"``.
+        native_algorithm: ``selective_state_update`` algorithm for the native
+            scheme (``"auto"`` or ``"simple"``; Hopper runs ``simple`` either way).
+
+    Set ``backend.algorithm`` after construction to switch (validated), e.g.
+    ``StateManager(..., backend="flashinfer").backend.algorithm = "monolith"``.
+    """
+
+    name = "flashinfer"
+
+    def __init__(self, algorithm: str = "auto", native_algorithm: str = "auto") -> None:
+        self.algorithm = algorithm
+        self.native_algorithm = native_algorithm
+        self._buffers: weakref.WeakKeyDictionary[StateCache, _CacheBuffers] = weakref.WeakKeyDictionary()
+        self._weights: dict[tuple[Any, ...], Tensor] = {}
+        self._fim: ModuleType | None = None
+
+    # -- options ---------------------------------------------------------------------
+    @property
+    def algorithm(self) -> str:
+        return self._algorithm
+
+    @algorithm.setter
+    def algorithm(self, value: str) -> None:
+        if value not in ALGORITHMS:
+            raise BackendUnavailableError(f"flashinfer algorithm must be one of {ALGORITHMS}, got {value!r}")
+        self._algorithm = value
+
+    @property
+    def native_algorithm(self) -> str:
+        return self._native_algorithm
+
+    @native_algorithm.setter
+    def native_algorithm(self, value: str) -> None:
+        if value not in NATIVE_ALGORITHMS:
+            raise BackendUnavailableError(
+                f"flashinfer native_algorithm must be one of {NATIVE_ALGORITHMS}, got {value!r}"
+            )
+        self._native_algorithm = value
+
+    # -- protocol ----------------------------------------------------------------------
+    def check(self, layout: PageLayout, device: torch.device) -> None:
+        """Layout limits first, then the device, then the import, then the GPU's capability."""
+        check_layout(layout)
+        device = check_device(device)
+        self._fim = import_flashinfer()
+        _check_gpu(device)
+
+    def _mamba(self) -> ModuleType:
+        if self._fim is None:
+            self._fim = import_flashinfer()
+        return self._fim
+
+    def reserve(self, cache: StateCache, max_batch: int) -> None:
+        """Allocate ``cache``'s persistent buffers for up to ``max_batch`` rows now (before a capture).
+
+        Replay: FlashInfer's two-kernel scratch. Native: the accepted-count and
+        fp32 dt buffers. :meth:`verify` calls this itself on first use with the
+        plan's capacity (the manager's ``max_batch``); call it explicitly to size
+        for a different batch.
+        """
+        buf = self._buffers.get(cache)
+        if buf is None:
+            buf = self._buffers[cache] = _CacheBuffers()
+        if max_batch <= buf.rows:
+            return
+        layout = cache.layout
+        g, s = layout.geometry, layout.spec
+        H = g.heads_per_rank
+        if buf.rows:
+            buf.retired.append((buf.scratch, buf.num_accepted, buf.dt32))
+        if layout.scheme == "replay":
+            buf.scratch = self._mamba().allocate_checkpointing_ssu_scratch(
+                max_batch, H, s.num_tokens, s.window, g.act_dtype, cache.device)
+        else:
+            buf.num_accepted = torch.zeros((max_batch,), dtype=torch.int32, device=cache.device)
+            buf.dt32 = torch.zeros((max_batch * s.num_tokens, H), dtype=torch.float32, device=cache.device)
+        buf.rows = max_batch
+
+    def _buffers_for(self, cache: StateCache, plan: StepPlan) -> _CacheBuffers:
+        buf = self._buffers.get(cache)
+        if buf is None or buf.rows < plan.num_rows:
+            self.reserve(cache, _max_rows(plan))
+            buf = self._buffers[cache]
+        return buf
+
+    def _tied(self, t: Tensor | None, dtype: torch.dtype | None, tag: str) -> Tensor | None:
+        """``t`` (H,) with unit stride and ``dtype``: ``t`` itself, or a converted copy made once.
+
+        The copy is cached by address, version and dtype: weights are static, so
+        only the first call (before any capture) converts.
+        """
+        if t is None:
+            return None
+        want = t.dtype if dtype is None else dtype
+        if t.dtype == want and t.stride(0) == 1:
+            return t
+        try:
+            version = t._version
+        except RuntimeError:  # inference tensors keep no version: convert every call
+            return t.to(want).contiguous()
+        key = (tag, t.data_ptr(), version, t.dtype, want, t.shape[0], t.stride(0), t.device)
+        hit = self._weights.get(key)
+        if hit is None:
+            if len(self._weights) > 4096:
+                self._weights.clear()
+            hit = self._weights[key] = t.to(want).contiguous()
+        return hit
+
+    def _zeros(self, H: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        key = ("zeros", H, dtype, device)
+        hit = self._weights.get(key)
+        if hit is None:
+            hit = self._weights[key] = torch.zeros((H,), dtype=dtype, device=device)
+        return hit
+
+    def _check_inputs(self, x: Tensor, dt: Tensor, B: Tensor, C: Tensor, z: Tensor | None, out: Tensor) -> None:
+        H, P = x.shape[1], x.shape[2]
+        G, N = B.shape[1], B.shape[2]
+        _check_rows("x", x, H, P)
+        _check_rows("B", B, G, N)
+        _check_rows("C", C, G, N)
+        _check_rows("out", out, H, P)
+        if z is not None:
+            _check_rows("z", z, H, P)
+        _check_dt(dt)
+        if x.shape[0] >= 1 << 23:
+            raise ShapeError(f"flashinfer backend: {x.shape[0]} tokens in one step; at most {(1 << 23) - 1}")
+
+    def verify(self, cache: StateCache, layer: int, plan: StepPlan, x: Tensor, dt: Tensor, A: Tensor,
+               B: Tensor, C: Tensor, D: Tensor | None, dt_bias: Tensor | None, z: Tensor | None,
+               out: Tensor) -> Tensor:
+        """Outputs of every token of the step for one layer (see the module docstring).
+
+        Args:
+            x: (tokens, H, P) bf16/fp16, (H, P) contiguous per token, 16-byte aligned.
+            dt: (tokens, H) raw, unit stride over heads, any float dtype.
+            A: (H,) float. B, C: (tokens, G, N) like x. D, dt_bias: (H,) or None.
+            z: (tokens, H, P) gate or None. out: (tokens, H, P), written.
+        Returns:
+            ``out``. Replay padding rows are left untouched; the native kernel
+            writes padding rows' outputs (``D x`` from a zero state).
+        """
+        self._check_inputs(x, dt, B, C, z, out)
+        if cache.layout.scheme == "native":
+            return self._native_verify(cache, layer, plan, x, dt, A, B, C, D, dt_bias, z, out)
+        fim = self._mamba()
+        t = cache.layers[layer]
+        g, s = cache.layout.geometry, cache.layout.spec
+        H, P, N = g.heads_per_rank, g.head_dim, g.state_size
+        T, rows, L = s.num_tokens, plan.num_rows, plan.total_tokens
+        buf = self._buffers_for(cache, plan)
+        cb_scaled, cumAdt_vec, cb_old = buf.scratch  # type: ignore[misc]
+        A1 = self._tied(A, None, "A")
+        # D and dt_bias share one JIT weight dtype: keep theirs, or go fp32 (lossless) if they differ.
+        wdt = None if D is None or dt_bias is None or D.dtype == dt_bias.dtype else torch.float32
+        D1, b1 = self._tied(D, wdt, "D"), self._tied(dt_bias, wdt, "dt_bias")
+        A3 = A1.view(H, 1, 1).expand(H, P, N)
+        D2 = None if D1 is None else D1.view(H, 1).expand(H, P)
+        b2 = None if b1 is None else b1.view(H, 1).expand(H, P)
+        if plan.is_uniform and plan.num_tokens[0] == T:
+            shape = (rows, T)
+            cu, max_seqlen = None, None
+        else:
+            shape = (1, L)
+            cu, max_seqlen = plan.cu_seqlens, T
+        xv, Bv, Cv, ov = (v.unflatten(0, shape) for v in (x, B, C, out))
+        zv = None if z is None else z.unflatten(0, shape)
+        dtv = dt.unflatten(0, shape).unsqueeze(-1).expand(*shape, H, P)
+        fim.checkpointing_ssu(
+            t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start, cache.num_committed,
+            xv, dtv, A3, Bv, Cv, ov, D=D2, z=zv, dt_bias=b2, dt_softplus=True,
+            state_batch_indices=plan.page_ids, pad_slot_id=0, cu_seqlens=cu, max_seqlen=max_seqlen,
+            cb_scaled=cb_scaled, cumAdt_vec=cumAdt_vec, cb_old=cb_old, algorithm=self.algorithm,
+        )
+        return out
+
+    def _native_verify(self, cache: StateCache, layer: int, plan: StepPlan, x: Tensor, dt: Tensor, A: Tensor,
+                       B: Tensor, C: Tensor, D: Tensor | None, dt_bias: Tensor | None, z: Tensor | None,
+                       out: Tensor) -> Tensor:
+        fim = self._mamba()
+        g, s = cache.layout.geometry, cache.layout.spec
+        H, P, N = g.heads_per_rank, g.head_dim, g.state_size
+        T, rows, L = s.num_tokens, plan.num_rows, plan.total_tokens
+        buf = self._buffers_for(cache, plan)
+        # Start state: page_table[r, state_slot]; FlashInfer reads index (num_accepted - 1).
+        nat = buf.num_accepted[:rows]  # type: ignore[index]
+        torch.index_select(cache.state_slot, 0, plan.page_ids, out=nat)
+        nat.add_(1)
+        # dt, D and dt_bias share one weight dtype there: fp32 (lossless; weights cast once, dt copied).
+        if dt.dtype != torch.float32:
+            dt32 = buf.dt32[:L]  # type: ignore[index]
+            dt32.copy_(dt)
+            dt = dt32
+        D1 = self._tied(D, torch.float32, "D") if D is not None else self._zeros(H, torch.float32, x.device)
+        b1 = self._tied(dt_bias, torch.float32, "dt_bias")
+        A1 = self._tied(A, None, "A")
+        A3 = A1.view(H, 1, 1).expand(H, P, N)
+        D2 = D1.view(H, 1).expand(H, P)
+        b2 = None if b1 is None else b1.view(H, 1).expand(H, P)
+        if plan.is_uniform and plan.num_tokens[0] == T:
+            shape: tuple[int, ...] = (rows, T)
+            xv, Bv, Cv, ov = (v.unflatten(0, shape) for v in (x, B, C, out))
+            zv = None if z is None else z.unflatten(0, shape)
+            dtv = dt.unflatten(0, shape).unsqueeze(-1).expand(rows, T, H, P)
+            cu = None
+        else:
+            xv, Bv, Cv, ov, zv = x, B, C, out, z
+            dtv = dt.unsqueeze(-1).expand(L, H, P)
+            cu = plan.cu_seqlens
+        fim.selective_state_update(
+            cache.layers[layer]["state"], xv, dtv, A3, Bv, Cv, D2, z=zv, dt_bias=b2, dt_softplus=True,
+            state_batch_indices=plan.page_table, dst_state_batch_indices=plan.page_table, pad_slot_id=0,
+            out=ov, cache_steps=T, cu_seqlens=cu, num_accepted_tokens=nat, algorithm=self.native_algorithm,
+        )
+        return out
+
+    def conv(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, weight: Tensor,
+             bias: Tensor | None, activation: str | None, out: Tensor) -> Tensor:
+        return ref.conv_update(cache.layers[layer]["conv"], cache.conv_shift, xBC, weight, bias,
+                               plan.page_ids_host, plan.cu_seqlens_host, out, activation=activation)
+
+    def commit(self, cache: StateCache, plan: StepPlan, accepted: Tensor, update_conv: bool,
+               error_flag: Tensor) -> None:
+        """Reference commit (device-side torch ops): its ``c + q > W`` is the kernel's flush rule."""
+        if cache.layout.scheme == "native":
+            ref.native_commit(cache.state_slot, cache.pending, cache.conv_shift, plan.page_ids, accepted,
+                              update_conv, error_flag)
+        else:
+            spec = cache.layout.spec
+            ref.replay_commit(cache.ring_start, cache.num_committed, cache.pending, cache.conv_shift,
+                              plan.page_ids, accepted, spec.window, spec.ring_len, update_conv, error_flag)
+
+    def materialize(self, cache: StateCache, layer: int, A: Tensor, page_ids: Tensor) -> None:
+        t = cache.layers[layer]
+        ref.replay_materialize(t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start,
+                               cache.num_committed, A, page_ids)
+
+    # -- autotuning ----------------------------------------------------------------------
+    def autotune(self, batch_sizes: Sequence[int] | None = None,
+                 cache: str | os.PathLike[str] | None = None) -> contextlib.AbstractContextManager[None]:
+        """:func:`autotune` (a context manager); dense verify calls inside it are profiled."""
+        return autotune(batch_sizes, cache)
+
+    def tune(self, layout: PageLayout, device: torch.device | str, batch_sizes: Sequence[int],
+             cache: str | os.PathLike[str] | None = None, seed: int = 0) -> None:
+        """Profile ``checkpointing_ssu`` for every batch size a runner will use, before serving.
+
+        Runs one dense verify per batch size inside :func:`autotune` on a private
+        one-layer cache of ``max(batch_sizes) + 1`` pages with random inputs, so
+        the runner's own state is never touched. FlashInfer keeps the chosen
+        tactics for the process (and in ``cache``, a JSON file, when given);
+        later dense calls with ``algorithm="auto"`` use them.
+        """
+        self.check(layout, device)
+        if layout.scheme != "replay":
+            raise BackendUnavailableError("tune: only the replay scheme (checkpointing_ssu) is autotuned")
+        sizes = sorted({int(b) for b in batch_sizes})
+        if not sizes or sizes[0] < 1:
+            raise BackendUnavailableError(f"tune: batch_sizes must be positive ints, got {list(batch_sizes)}")
+        device = torch.device(device)
+        one = attrs.evolve(layout, geometry=attrs.evolve(layout.geometry, num_layers=1))
+        priv = StateCache(one, sizes[-1] + 1, device)
+        g, T = one.geometry, one.spec.num_tokens
+        H, P, N, G = g.heads_per_rank, g.head_dim, g.state_size, g.groups_per_rank
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        saved = self.algorithm
+        self.algorithm = "auto"
+        try:
+            with autotune(sizes, cache):
+                for bs in sizes:
+                    L = bs * T
+                    pages = torch.arange(1, bs + 1, dtype=torch.int32)
+                    cu = torch.arange(0, L + 1, T, dtype=torch.int32)
+                    plan = StepPlan(step_id=0, request_ids=tuple(range(bs)), num_tokens=(T,) * bs,
+                                    page_ids=pages.to(device), page_table=pages[:, None].to(device),
+                                    cu_seqlens=cu.to(device), page_ids_host=pages, page_table_host=pages[:, None],
+                                    cu_seqlens_host=cu, max_seqlen=T, total_tokens=L)
+
+                    def rnd(*shape: int, scale: float = 1.0) -> Tensor:
+                        return (torch.randn(*shape, generator=gen) * scale).to(device)
+
+                    x = rnd(L, H, P).to(g.act_dtype)
+                    Bm, Cm = rnd(L, G, N, scale=0.3).to(g.act_dtype), rnd(L, G, N, scale=0.3).to(g.act_dtype)
+                    A = -(torch.rand(H, generator=gen) + 0.5).to(device)
+                    out = torch.empty_like(x)
+                    self.verify(priv, 0, plan, x, rnd(L, H, scale=0.5), A, Bm, Cm, None, None, None, out)
+            torch.cuda.synchronize(device)
+        finally:
+            self.algorithm = saved
+            self._buffers.pop(priv, None)
+
+
+@contextlib.contextmanager
+def autotune(batch_sizes: Sequence[int] | None = None,
+             cache: str | os.PathLike[str] | None = None) -> Iterator[None]:
+    """Run FlashInfer's autotuner on the ``checkpointing_ssu`` calls made inside the block.
+
+    FlashInfer tunes only dense calls (uniform ``q = T`` batches) made with
+    ``algorithm="auto"`` and the scratch trio, which this backend always passes.
+    It profiles on private buffers (cold L2, CUDA graphs); one call at the largest
+    batch covers the smaller ``batch_sizes`` buckets. Run this before capturing
+    CUDA graphs; outside the block, dense calls use the tuned tactic.
+
+    Args:
+        batch_sizes: the row counts the runner will use (its CUDA-graph buckets);
+            None keeps FlashInfer's default buckets (powers of two, ...).
+        cache: optional JSON file: tactics are loaded from it and saved back.
+    """
+    import_flashinfer()
+    import flashinfer
+
+    buckets = None if batch_sizes is None else tuple(sorted({int(b) for b in batch_sizes}))
+    with flashinfer.autotune(True, cache=None if cache is None else os.fspath(cache), tuning_buckets=buckets):
+        yield

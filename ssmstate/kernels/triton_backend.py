@@ -1,0 +1,106 @@
+"""The "triton" backend: the fast path on the GPU, and on CPU tensors under ``TRITON_INTERPRET=1``.
+
+Every verb is one launch on the shared page layout, with no host
+synchronization and no allocation, so a whole decode step (conv + verify for
+every layer + commit from a device count tensor) can be captured in a CUDA
+graph (see :mod:`ssmstate.cuda_graph`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ssmstate.cache import StateCache
+from ssmstate.errors import BackendUnavailableError
+from ssmstate.layout import PageLayout
+from ssmstate.plan import StepPlan
+
+try:
+    import triton  # noqa: F401
+except ImportError as _exc:  # pragma: no cover - exercised only where triton is absent
+    _TRITON_ERROR: str | None = f"triton is not importable ({_exc}); pip install 'ssmstate[triton]'"
+else:
+    _TRITON_ERROR = None
+
+Tensor = torch.Tensor
+
+#: Limits of the kernels' tiling (register budget of one program, tl.dot tile of 16 tokens).
+MAX_HEAD_DIM = 256
+MAX_STATE_SIZE = 256
+MAX_TOKENS = 16
+MAX_RING_LEN = 128
+
+
+def _kernels():
+    from ssmstate.kernels import triton_conv, triton_replay
+    return triton_replay, triton_conv
+
+
+class TritonBackend:
+    """ReplaySSM verify (both routes), commit, materialize and conv update in Triton."""
+
+    name = "triton"
+
+    def check(self, layout: PageLayout, device: torch.device) -> None:
+        if _TRITON_ERROR is not None:
+            raise BackendUnavailableError(_TRITON_ERROR)
+        if layout.scheme != "replay":
+            raise BackendUnavailableError(
+                f"the triton backend serves the replay layout only, got scheme {layout.scheme!r}; "
+                f"use backend='reference' for the native scheme"
+            )
+        device = torch.device(device)
+        interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
+        if device.type == "cpu":
+            if not interpreted:
+                raise BackendUnavailableError(
+                    "the triton backend runs on CPU tensors only under the Triton interpreter: set "
+                    "TRITON_INTERPRET=1 before importing ssmstate (or use a CUDA device / backend='reference')"
+                )
+            if not _kernels()[0].INTERPRETED:
+                raise BackendUnavailableError(
+                    "TRITON_INTERPRET=1 was set after ssmstate's Triton kernels were imported; "
+                    "set it before the first import"
+                )
+        elif device.type != "cuda":
+            raise BackendUnavailableError(f"the triton backend needs a CUDA device (or CPU + TRITON_INTERPRET=1), got {device}")
+        g, s = layout.geometry, layout.spec
+        problems = []
+        if g.head_dim > MAX_HEAD_DIM:
+            problems.append(f"head_dim {g.head_dim} > {MAX_HEAD_DIM}")
+        if g.state_size > MAX_STATE_SIZE:
+            problems.append(f"state_size {g.state_size} > {MAX_STATE_SIZE}")
+        if s.num_tokens > MAX_TOKENS:
+            problems.append(f"T = 1 + K = {s.num_tokens} > {MAX_TOKENS}")
+        if s.ring_len > MAX_RING_LEN:
+            problems.append(f"ring length R = W + T = {s.ring_len} > {MAX_RING_LEN}")
+        if problems:
+            raise BackendUnavailableError("the triton backend cannot serve this layout: " + "; ".join(problems))
+
+    def verify(self, cache: StateCache, layer: int, plan: StepPlan, x: Tensor, dt: Tensor, A: Tensor,
+               B: Tensor, C: Tensor, D: Tensor | None, dt_bias: Tensor | None, z: Tensor | None,
+               out: Tensor) -> Tensor:
+        t = cache.layers[layer]
+        return _kernels()[0].replay_verify(
+            t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start, cache.num_committed,
+            x, dt, A, B, C, plan.page_ids, plan.cu_seqlens, cache.layout.spec.window, out,
+            D=D, dt_bias=dt_bias, z=z,
+        )
+
+    def conv(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, weight: Tensor,
+             bias: Tensor | None, activation: str | None, out: Tensor) -> Tensor:
+        return _kernels()[1].conv_update(cache.layers[layer]["conv"], cache.conv_shift, xBC, weight, bias,
+                                         plan.page_ids, plan.cu_seqlens, out, activation=activation)
+
+    def commit(self, cache: StateCache, plan: StepPlan, accepted: Tensor, update_conv: bool,
+               error_flag: Tensor) -> None:
+        spec = cache.layout.spec
+        _kernels()[0].replay_commit(cache.ring_start, cache.num_committed, cache.pending, cache.conv_shift,
+                                    plan.page_ids, accepted, spec.window, spec.ring_len, update_conv, error_flag)
+
+    def materialize(self, cache: StateCache, layer: int, A: Tensor, page_ids: Tensor) -> None:
+        t = cache.layers[layer]
+        _kernels()[0].replay_materialize(t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"],
+                                         cache.ring_start, cache.num_committed, A, page_ids)

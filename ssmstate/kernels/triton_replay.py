@@ -1,0 +1,473 @@
+"""Triton ReplaySSM kernels: verify (both routes), commit, materialize, on the shared page layout.
+
+Each public function has the signature of its PyTorch twin in
+:mod:`ssmstate.kernels.reference` (the contract and the ground truth), plus an
+optional trailing ``config`` to override the launch heuristic.
+
+Verify, one program per (row, head, P tile), streams the checkpoint tile
+``S0`` (P x N) once and never forms an intermediate state:
+
+* the row's sequence is ``c`` history rows from the ring followed by the ``q``
+  new tokens (``c + q <= R``), indexed ``k``; every ring row, history or
+  appended, lives at ``(ring_start + k) % R``;
+* the flush decision ``c + q > W`` is taken per row on the device from the
+  cursors, so one launch serves a mixed batch and nothing syncs;
+* non-flush: ``Y = X_seqᵀ F + (S0 Cᵀ) * exp(A Λ_w)`` with the causal factor
+  matrix ``F[k, s] = (B_k·C_s) dt_k exp(A (Λ_{c+s} - Λ_k))``;
+* flush: the history is folded first (``S1 = e^{AΛ_h} S0 + (X_h w)ᵀ B_h``),
+  ``S1`` is stored, and the same formula runs with the history masked out.
+
+All math is fp32 (loads are upcast first, which also keeps the CPU
+interpreter exact); on the GPU the small products use tensor cores (tf32 for
+the output terms, 3xTF32 for the stored fold). Padding rows (page 0) exit at
+once and write nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+Tensor = torch.Tensor
+
+#: Triton runs kernels on CPU tensors only through its interpreter, chosen when
+#: the kernels are decorated (module import).
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# -- shared device helpers ----------------------------------------------------------------
+
+
+@triton.jit
+def _softplus(v):
+    # softplus with threshold 20, as every Mamba2 kernel; exp(v) below -15 keeps precision.
+    return tl.where(v > 20.0, v, tl.where(v < -15.0, tl.exp(v), tl.log(1.0 + tl.exp(v))))
+
+
+@triton.jit
+def _fold(S, XT, Bseq, dtp, is_hist, A, PREC: tl.constexpr):
+    """``e^{AΛ} S + Σ_k dt_k e^{A(Λ - Λ_k)} x_k B_kᵀ`` over the rows where ``is_hist``."""
+    dth = tl.where(is_hist, dtp, 0.0)
+    lam = tl.cumsum(dth, axis=0)
+    tot = tl.sum(dth, axis=0)
+    w = tl.where(is_hist, dth * tl.exp(tl.minimum(A * (tot - lam), 0.0)), 0.0)
+    upd = tl.dot(XT * w[None, :], Bseq, input_precision=PREC)
+    return S * tl.exp(tl.minimum(A * tot, 0.0)) + upd
+
+
+# -- verify -------------------------------------------------------------------------------
+
+
+@triton.jit
+def _replay_verify_kernel(
+    ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
+    page_ptr, cu_ptr,
+    window, R, P, N,
+    s_ck_pg, s_ck_h, s_ck_p, s_ck_n,
+    s_xr_pg, s_xr_h, s_xr_r, s_xr_p,
+    s_Br_pg, s_Br_g, s_Br_r, s_Br_n,
+    s_dtr_pg, s_dtr_h, s_dtr_r,
+    s_x_t, s_x_h, s_x_p,
+    s_dt_t, s_dt_h,
+    s_B_t, s_B_g, s_B_n,
+    s_C_t, s_C_g, s_C_n,
+    s_z_t, s_z_h, s_z_p,
+    s_o_t, s_o_h, s_o_p,
+    NPT: tl.constexpr, HPG: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    DOT_PREC: tl.constexpr, FOLD_PREC: tl.constexpr, READOUT_DOT: tl.constexpr, TT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = tl.program_id(1)
+    h = (pid // NPT).to(tl.int64)
+    pt = pid % NPT
+    page = tl.load(page_ptr + row).to(tl.int64)
+    lo = tl.load(cu_ptr + row)
+    q = tl.load(cu_ptr + row + 1) - lo
+    if (page != 0) & (q > 0):
+        offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P).to(tl.int64)
+        mp = offs_p < P
+        offs_n = tl.arange(0, BLOCK_N).to(tl.int64)
+        mn = offs_n < N
+        # The checkpoint tile dominates the traffic: issue it first.
+        ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p + offs_n[None, :] * s_ck_n
+        mS = mp[:, None] & mn[None, :]
+        S = tl.load(ck, mask=mS, other=0.0).to(tl.float32)
+
+        c = tl.load(nc_ptr + page)
+        rs = tl.load(rs_ptr + page)
+        flush = c + q > window
+        g = h // HPG
+        A = tl.load(A_ptr + h).to(tl.float32)
+
+        kk = tl.arange(0, BLOCK_K)
+        is_hist = kk < c
+        is_new = (kk >= c) & (kk < c + q)
+        ring = ((rs + kk) % R).to(tl.int64)  # ring row of sequence position k (history and appended alike)
+        tok = (lo + tl.maximum(kk - c, 0)).to(tl.int64)
+
+        # processed dt over the sequence
+        dth = tl.load(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
+        dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
+        if HAS_DTB:
+            dtn += tl.load(dtb_ptr + h).to(tl.float32)
+        if DT_SOFTPLUS:
+            dtn = _softplus(dtn)
+        dtn = tl.where(is_new, dtn, 0.0)
+        dtp = tl.where(is_hist, dth, dtn)
+
+        # x over the sequence, transposed: (BLOCK_P, BLOCK_K)
+        xr_base = xr_ptr + page * s_xr_pg + h * s_xr_h
+        xh = tl.load(xr_base + ring[None, :] * s_xr_r + offs_p[:, None] * s_xr_p,
+                     mask=mp[:, None] & is_hist[None, :], other=0.0)
+        xn_raw = tl.load(x_ptr + tok[None, :] * s_x_t + h * s_x_h + offs_p[:, None] * s_x_p,
+                         mask=mp[:, None] & is_new[None, :], other=0.0)
+        XT = xh.to(tl.float32) + xn_raw.to(tl.float32)
+
+        # B over the sequence: (BLOCK_K, BLOCK_N)
+        Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
+        bh = tl.load(Br_base + ring[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
+                     mask=is_hist[:, None] & mn[None, :], other=0.0)
+        bn_raw = tl.load(B_ptr + tok[:, None] * s_B_t + g * s_B_g + offs_n[None, :] * s_B_n,
+                         mask=is_new[:, None] & mn[None, :], other=0.0)
+        Bseq = bh.to(tl.float32) + bn_raw.to(tl.float32)
+
+        # C of the window tokens: (BLOCK_S, BLOCK_N)
+        ss = tl.arange(0, BLOCK_S)
+        ms = ss < q
+        tw = (lo + ss).to(tl.int64)
+        Cw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :] * s_C_n,
+                     mask=ms[:, None] & mn[None, :], other=0.0).to(tl.float32)
+
+        if flush:
+            S = _fold(S, XT, Bseq, dtp, is_hist, A, FOLD_PREC)
+            tl.store(ck, S.to(ck_ptr.dtype.element_ty), mask=mS)
+
+        # outputs of the window from S (S0, or S1 after a flush) plus the live rows
+        base = tl.where(flush, c, 0)
+        live = (kk >= base) & (kk < c + q)
+        lam = tl.cumsum(tl.where(live, dtp, 0.0), axis=0)
+        pos = c + ss
+        lam_w = tl.sum(tl.where(kk[:, None] == pos[None, :], lam[:, None], 0.0), axis=0)
+        CT = tl.trans(Cw)
+        G = tl.dot(Bseq, CT, input_precision=DOT_PREC)  # (BLOCK_K, BLOCK_S): B_k·C_s
+        causal = live[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
+        E = tl.exp(tl.minimum(A * (lam_w[None, :] - lam[:, None]), 0.0))
+        F = tl.where(causal, G * dtp[:, None] * E, 0.0)
+        Y = tl.dot(XT, F, input_precision=DOT_PREC)  # (BLOCK_P, BLOCK_S)
+        if READOUT_DOT:
+            RO = tl.dot(S, CT, input_precision=DOT_PREC)
+        else:  # S stays in registers: one fp32 multiply-reduce per window token
+            RO = tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
+            for s in tl.static_range(TT):
+                c_s = tl.sum(tl.where(ss[:, None] == s, Cw, 0.0), axis=0)
+                RO = tl.where(ss[None, :] == s, tl.sum(S * c_s[None, :], axis=1)[:, None], RO)
+        Y += RO * tl.exp(tl.minimum(A * lam_w, 0.0))[None, :]
+
+        mo = mp[:, None] & ms[None, :]
+        if HAS_D:
+            xw = tl.load(x_ptr + tw[None, :] * s_x_t + h * s_x_h + offs_p[:, None] * s_x_p,
+                         mask=mo, other=0.0).to(tl.float32)
+            Y += tl.load(D_ptr + h).to(tl.float32) * xw
+        if HAS_Z:
+            zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None] * s_z_p,
+                         mask=mo, other=0.0).to(tl.float32)
+            Y *= zz * tl.sigmoid(zz)
+        tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None] * s_o_p,
+                 Y.to(out_ptr.dtype.element_ty), mask=mo)
+
+        # append the window to the ring (disjoint from the history rows: c + q <= R)
+        tl.store(xr_base + ring[None, :] * s_xr_r + offs_p[:, None] * s_xr_p,
+                 xn_raw.to(xr_ptr.dtype.element_ty), mask=mp[:, None] & is_new[None, :])
+        if pt == 0:
+            tl.store(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, dtn, mask=is_new)
+            if h % HPG == 0:
+                tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
+                         bn_raw.to(Br_ptr.dtype.element_ty), mask=is_new[:, None] & mn[None, :])
+
+
+# -- materialize --------------------------------------------------------------------------
+
+
+@triton.jit
+def _replay_materialize_kernel(
+    ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, A_ptr, page_ptr,
+    R, P, N,
+    s_ck_pg, s_ck_h, s_ck_p, s_ck_n,
+    s_xr_pg, s_xr_h, s_xr_r, s_xr_p,
+    s_Br_pg, s_Br_g, s_Br_r, s_Br_n,
+    s_dtr_pg, s_dtr_h, s_dtr_r,
+    NPT: tl.constexpr, HPG: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD_PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = tl.program_id(1)
+    h = (pid // NPT).to(tl.int64)
+    pt = pid % NPT
+    page = tl.load(page_ptr + row).to(tl.int64)
+    if page != 0:
+        c = tl.load(nc_ptr + page)
+        if c > 0:
+            rs = tl.load(rs_ptr + page)
+            g = h // HPG
+            A = tl.load(A_ptr + h).to(tl.float32)
+            offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P).to(tl.int64)
+            mp = offs_p < P
+            offs_n = tl.arange(0, BLOCK_N).to(tl.int64)
+            mn = offs_n < N
+            ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p + offs_n[None, :] * s_ck_n
+            mS = mp[:, None] & mn[None, :]
+            S = tl.load(ck, mask=mS, other=0.0).to(tl.float32)
+            kk = tl.arange(0, BLOCK_K)
+            is_hist = kk < c
+            ring = ((rs + kk) % R).to(tl.int64)
+            dtp = tl.load(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
+            XT = tl.load(xr_ptr + page * s_xr_pg + h * s_xr_h + ring[None, :] * s_xr_r + offs_p[:, None] * s_xr_p,
+                         mask=mp[:, None] & is_hist[None, :], other=0.0).to(tl.float32)
+            Bseq = tl.load(Br_ptr + page * s_Br_pg + g * s_Br_g + ring[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
+                           mask=is_hist[:, None] & mn[None, :], other=0.0).to(tl.float32)
+            S = _fold(S, XT, Bseq, dtp, is_hist, A, FOLD_PREC)
+            tl.store(ck, S.to(ck_ptr.dtype.element_ty), mask=mS)
+
+
+# -- commit -------------------------------------------------------------------------------
+
+
+@triton.jit
+def _replay_commit_kernel(
+    rs_ptr, nc_ptr, pend_ptr, cs_ptr, page_ptr, acc_ptr, err_ptr,
+    rows, n_acc, window, R,
+    UPDATE_CONV: tl.constexpr, BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr,
+):
+    # One program: the whole batch must be checked before any cursor moves.
+    bad = tl.zeros((BLOCK,), dtype=tl.int32)
+    for chunk in tl.static_range(NUM_CHUNKS):
+        offs = chunk * BLOCK + tl.arange(0, BLOCK)
+        page = tl.load(page_ptr + offs, mask=offs < rows, other=0)
+        valid = page != 0
+        a = tl.load(acc_ptr + offs, mask=valid & (offs < n_acc), other=0)
+        q = tl.load(pend_ptr + page, mask=valid, other=0)
+        bad += (valid & ((a < 0) | (a > q))).to(tl.int32)
+    ok = tl.sum(bad, axis=0) == 0
+    for chunk in tl.static_range(NUM_CHUNKS):
+        offs = chunk * BLOCK + tl.arange(0, BLOCK)
+        page = tl.load(page_ptr + offs, mask=offs < rows, other=0)
+        valid = page != 0
+        a = tl.load(acc_ptr + offs, mask=valid & (offs < n_acc), other=0)
+        a = tl.where(ok, a, 0)
+        q = tl.load(pend_ptr + page, mask=valid, other=0)
+        c = tl.load(nc_ptr + page, mask=valid, other=0)
+        rs = tl.load(rs_ptr + page, mask=valid, other=0)
+        flushed = (c + q) > window
+        tl.store(rs_ptr + page, tl.where(flushed, (rs + c) % R, rs), mask=valid)
+        tl.store(nc_ptr + page, tl.where(flushed, a, c + a), mask=valid)
+        tl.store(pend_ptr + page, tl.zeros_like(q), mask=valid)
+        if UPDATE_CONV:
+            tl.store(cs_ptr + page, q - a, mask=valid)
+    err = tl.load(err_ptr)
+    tl.store(err_ptr, err | tl.where(ok, 0, 1))
+
+
+# -- launch configuration ------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _pow2(n: int, floor: int = 16) -> int:
+    return max(floor, triton.next_power_of_2(int(n)))
+
+
+def _block_p(P: int, cap: int) -> int:
+    """Largest power-of-two tile <= cap that divides P (16 minimum; tails are masked)."""
+    for b in (128, 64, 32, 16):
+        if b <= cap and P % b == 0:
+            return b
+    return min(cap, _pow2(P))
+
+
+def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: torch.device) -> dict[str, Any]:
+    """Launch heuristic for :func:`replay_verify` (no autotuning: the interpreter cannot run it).
+
+    The checkpoint tile is ``BLOCK_P x N`` fp32 per program. Small grids (batch 1 at
+    128 heads) split P further so more SMs stream the state in parallel.
+    """
+    BLOCK_N = _pow2(N)
+    cap = max(16, 8192 // BLOCK_N)  # at most 8K state elements per program
+    if device.type != "cuda":  # the interpreter pays per program: one masked tile per head
+        return {"BLOCK_P": min(_pow2(P), 128), "num_warps": 4, "num_stages": 1, "readout_dot": True}
+    BLOCK_P = _block_p(P, min(64, cap))
+    waves = rows * H * triton.cdiv(P, BLOCK_P) / _num_sms(device)
+    while waves < 2 and BLOCK_P > 16 and P % (BLOCK_P // 2) == 0:
+        BLOCK_P //= 2
+        waves *= 2
+    return {"BLOCK_P": BLOCK_P, "num_warps": 4, "num_stages": 1, "readout_dot": True}
+
+
+def _dot_prec(device: torch.device) -> tuple[str, str]:
+    if INTERPRETED or device.type != "cuda":
+        return "ieee", "ieee"
+    return "tf32", "tf32x3"
+
+
+def _check_T(T: int) -> None:
+    if T > 16:
+        raise ValueError(f"the Triton verify kernel handles windows of at most 16 tokens, got T={T}")
+
+
+# -- wrappers -----------------------------------------------------------------------------
+
+
+def replay_verify(
+    checkpoint: Tensor,
+    x_ring: Tensor,
+    B_ring: Tensor,
+    dt_ring: Tensor,
+    ring_start: Tensor,
+    num_committed: Tensor,
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    page_ids: Tensor,
+    cu_seqlens: Tensor,
+    window: int,
+    out: Tensor,
+    D: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    z: Tensor | None = None,
+    dt_softplus: bool = True,
+    max_seqlen: int | None = None,
+    config: dict[str, Any] | None = None,
+) -> Tensor:
+    """ReplaySSM verify for one layer (same contract as :func:`reference.replay_verify`).
+
+    One launch; the flush decision ``c + q > window`` is taken per row on the
+    device. No allocation, no host synchronization (CUDA-graph safe).
+
+    Args:
+        checkpoint: (pages, H, P, N) fp32/bf16/fp16; rewritten on flush rows. Inner dim contiguous.
+        x_ring: (pages, H, R, P) act dtype. B_ring: (pages, G, R, N) act dtype.
+        dt_ring: (pages, H, R) fp32 processed dt.
+        ring_start, num_committed: (pages,) int32 cursors, read only.
+        x: (tokens, H, P) bf16/fp16/fp32. dt: (tokens, H) raw, any float. A: (H,) float, negative.
+        B, C: (tokens, G, N) act dtype. page_ids: (rows,) int32, 0 = padding row.
+        cu_seqlens: (rows + 1,) int32. window: W; R = x_ring.shape[2] must be >= W + max q.
+        out: (tokens, H, P), written for every non-padding token.
+        D: (H,) skip or None. dt_bias: (H,) or None. z: (tokens, H, P) gate or None.
+        max_seqlen: longest row (<= 16); defaults to ``R - window`` (= T on the layout).
+        config: launch override, keys ``BLOCK_P``, ``num_warps``, ``num_stages``, ``readout_dot``.
+    Returns:
+        ``out``.
+    """
+    pages, H, P, N = checkpoint.shape
+    R = x_ring.shape[2]
+    G = B_ring.shape[1]
+    T = max_seqlen if max_seqlen is not None else R - window
+    _check_T(T)
+    rows = page_ids.shape[0]
+    dev = x.device
+    cfg = dict(verify_config(rows, H, P, N, R, T, dev))
+    if config:
+        cfg.update(config)
+    BLOCK_P = cfg["BLOCK_P"]
+    NPT = triton.cdiv(P, BLOCK_P)
+    dot_prec, fold_prec = _dot_prec(dev)
+    dummy = dt_ring
+    Dp = D if D is not None else dummy
+    dtbp = dt_bias if dt_bias is not None else dummy
+    zp = z if z is not None else x
+    grid = (H * NPT, rows)
+    _replay_verify_kernel[grid](
+        checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed,
+        x, dt, A, B, C, Dp, dtbp, zp, out,
+        page_ids, cu_seqlens,
+        window, R, P, N,
+        *checkpoint.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(),
+        *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *zp.stride(), *out.stride(),
+        NPT=NPT, HPG=H // G,
+        BLOCK_P=BLOCK_P, BLOCK_N=_pow2(N), BLOCK_K=_pow2(R), BLOCK_S=_pow2(T),
+        HAS_D=D is not None, HAS_DTB=dt_bias is not None, HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),
+        DOT_PREC=dot_prec, FOLD_PREC=fold_prec, READOUT_DOT=bool(cfg["readout_dot"]), TT=T,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out
+
+
+def replay_commit(
+    ring_start: Tensor,
+    num_committed: Tensor,
+    pending: Tensor,
+    conv_shift: Tensor,
+    page_ids: Tensor,
+    num_accepted: Tensor,
+    window: int,
+    ring_len: int,
+    update_conv: bool,
+    error_flag: Tensor,
+) -> None:
+    """Commit a verify step on the device (same contract as :func:`reference.replay_commit`).
+
+    One single-program launch; no host synchronization. A batch with any
+    ``a < 0`` or ``a > q`` commits 0 for every row and sets ``error_flag``.
+
+    Args:
+        ring_start, num_committed, pending, conv_shift: (pages,) int32 cursors, updated in place.
+        page_ids: (rows,) int32, 0 = padding. num_accepted: (rows,) or (requests,) int32, same device
+            (rows past its length must be padding).
+        window: W. ring_len: R. update_conv: write ``conv_shift = q - a``. error_flag: (1,) int32.
+    """
+    rows = page_ids.shape[0]
+    block = min(1024, _pow2(rows, 32))
+    _replay_commit_kernel[(1,)](
+        ring_start, num_committed, pending, conv_shift, page_ids, num_accepted, error_flag,
+        rows, num_accepted.shape[0], window, ring_len,
+        UPDATE_CONV=bool(update_conv), BLOCK=block, NUM_CHUNKS=triton.cdiv(rows, block), num_warps=4,
+    )
+
+
+def replay_materialize(
+    checkpoint: Tensor,
+    x_ring: Tensor,
+    B_ring: Tensor,
+    dt_ring: Tensor,
+    ring_start: Tensor,
+    num_committed: Tensor,
+    A: Tensor,
+    page_ids: Tensor,
+    config: dict[str, Any] | None = None,
+) -> None:
+    """Fold each page's committed rows into its checkpoint, one layer (see :func:`reference.replay_materialize`).
+
+    Cursors are not touched. Args as in :func:`replay_verify`; ``A``: (H,) float;
+    ``page_ids``: (rows,) int32, 0 = skip.
+    """
+    pages, H, P, N = checkpoint.shape
+    R = x_ring.shape[2]
+    G = B_ring.shape[1]
+    rows = page_ids.shape[0]
+    dev = checkpoint.device
+    cfg = dict(verify_config(rows, H, P, N, R, 1, dev))
+    if config:
+        cfg.update(config)
+    BLOCK_P = cfg["BLOCK_P"]
+    NPT = triton.cdiv(P, BLOCK_P)
+    _replay_materialize_kernel[(H * NPT, rows)](
+        checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, A, page_ids,
+        R, P, N,
+        *checkpoint.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(),
+        NPT=NPT, HPG=H // G, BLOCK_P=BLOCK_P, BLOCK_N=_pow2(N), BLOCK_K=_pow2(R),
+        FOLD_PREC=_dot_prec(dev)[1], num_warps=cfg["num_warps"],
+    )
