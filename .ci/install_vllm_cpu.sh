@@ -1,0 +1,1 @@
+echo "no vLLM installer yet"; exit 1
