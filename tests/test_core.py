@@ -273,3 +273,28 @@ def test_backend_registry_errors():
     g = Mamba2Geometry(4, 4, 8, 2, 4, 1)
     with pytest.raises(ssmstate.BackendUnavailableError, match="unknown backend"):
         StateManager(PageLayout.replay(g, SpecConfig(1)), 3, backend="cuda-magic")
+
+
+def test_commit_host_and_device_paths_agree():
+    """The numpy path used for CPU tensors and the torch path used on GPUs implement one rule."""
+    from ssmstate.kernels import reference as ref
+    g = torch.Generator().manual_seed(0)
+    W, R, pages = 6, 10, 12
+    for trial in range(200):
+        cur = torch.stack([torch.randint(0, R, (pages,), generator=g), torch.randint(0, W + 1, (pages,), generator=g),
+                           torch.randint(1, 5, (pages,), generator=g), torch.randint(0, 5, (pages,), generator=g)]).int()
+        rows = torch.randperm(pages - 1, generator=g)[:5].int() + 1
+        rows[torch.randint(0, 5, (1,), generator=g)] = 0  # a padding row
+        q = cur[2][rows.long()]
+        acc = (torch.rand(5, generator=g) * (q + 1).float()).int()
+        if trial % 7 == 0:
+            acc[1] = q[1] + 1  # out of range: the whole step commits 0
+        outs = []
+        for fn in (ref._replay_commit_host, ref._replay_commit_torch):
+            c = cur.clone()
+            flag = torch.zeros(1, dtype=torch.int32)
+            args = (c[0], c[1], c[2], c[3], rows, acc, W, R, trial % 2 == 0, flag)
+            fn(*[a.numpy() if isinstance(a, torch.Tensor) and fn is ref._replay_commit_host else a for a in args])
+            outs.append((c, flag))
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), trial
+        assert torch.equal(outs[0][0][:, 0], cur[:, 0])  # page 0 untouched

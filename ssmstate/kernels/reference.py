@@ -211,7 +211,15 @@ def replay_commit(
         _replay_commit_host(ring_start.numpy(), num_committed.numpy(), pending.numpy(), conv_shift.numpy(),
                             page_ids.numpy(), num_accepted.numpy(), window, ring_len, update_conv,
                             error_flag.numpy())
-        return
+    else:
+        _replay_commit_torch(ring_start, num_committed, pending, conv_shift, page_ids, num_accepted, window,
+                             ring_len, update_conv, error_flag)
+
+
+def _replay_commit_torch(ring_start: Tensor, num_committed: Tensor, pending: Tensor, conv_shift: Tensor,
+                         page_ids: Tensor, num_accepted: Tensor, window: int, ring_len: int, update_conv: bool,
+                         error_flag: Tensor) -> None:
+    """:func:`replay_commit` as torch ops on any device, without a host sync."""
     valid = page_ids != 0
     p = page_ids.long()
     q = pending[p]
