@@ -47,7 +47,7 @@ GPUS: dict[str, GpuMemory] = {
         GpuMemory("H100-80GB", 81559 * MiB, "nvidia-smi", _MODAL),
         GpuMemory("H100-NVL", 94 * 10**9, "datasheet", "NVIDIA H100 NVL datasheet: 94 GB HBM3"),
         GpuMemory("H200", 143771 * MiB, "nvidia-smi",
-                  "nvidia-smi memory.total of the H200 used for docs/benchmarks/max_concurrency*"),
+                  "nvidia-smi memory.total (driver 580.159.04), recorded in docs/benchmarks/max_concurrency_h200.json"),
         GpuMemory("B200", 183359 * MiB, "nvidia-smi", "nvidia-smi output in NVIDIA/TensorRT-LLM#10278"),
         GpuMemory("GB200", 186 * 10**9, "datasheet",
                   "NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e over 72 GPUs (186 GB per GPU)"),
@@ -115,8 +115,10 @@ def parse_size(value: int | str) -> int:
 def format_size(num_bytes: int | float) -> str:
     """Human-readable binary size: ``"108.0 MiB"``, ``"126.5 GiB"``."""
     value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
+    if abs(value) < 1024:
+        return f"{value:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
         value /= 1024
-    return f"{value:.1f} GiB"  # pragma: no cover
+        if abs(value) < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
