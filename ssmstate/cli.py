@@ -100,7 +100,8 @@ def render_plan(plan: CapacityPlan) -> str:
     rows = [
         ("pages per request", str(n.pages_per_request), str(r.pages_per_request)),
         ("page (all Mamba layers)", format_size(n.page_bytes), format_size(r.page_bytes)),
-        ("Mamba state / request", format_size(n.mamba_bytes_per_request), format_size(r.mamba_bytes_per_request)),
+        ("Mamba state / request", format_size(n.mamba_allocated_bytes_per_request),
+         format_size(r.mamba_allocated_bytes_per_request)),
         ("attention KV / request", format_size(n.attention_bytes_per_request),
          format_size(r.attention_bytes_per_request)),
         ("total / request", format_size(n.total_bytes_per_request), format_size(r.total_bytes_per_request)),

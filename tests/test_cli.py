@@ -133,3 +133,17 @@ def test_python_dash_m() -> None:
     proc = subprocess.run([sys.executable, "-m", "ssmstate", "plan", "--model", "nope"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+
+
+def test_capacity_doc_examples_are_current(capsys) -> None:
+    """Every ```text block of docs/capacity.md that starts with `$ ssmstate ...` is that command's output."""
+    import re
+    import shlex
+
+    text = (ROOT / "docs" / "capacity.md").read_text()
+    blocks = re.findall(r"```text\n\$ (ssmstate [^\n]*)\n(.*?)```", text, flags=re.S)
+    assert len(blocks) >= 5
+    for cmd, expected in blocks:
+        rc, out, err = _run(capsys, *shlex.split(cmd)[1:])
+        assert rc == 0, err
+        assert out.rstrip("\n") == expected.rstrip("\n"), f"docs/capacity.md is stale for: {cmd}"

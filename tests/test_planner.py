@@ -299,3 +299,104 @@ def test_state_dtype_changes_bytes() -> None:
     assert bf16.replay.page_bytes < fp32.replay.page_bytes
     assert fp32.replay.page_bytes - bf16.replay.page_bytes == 24 * 128 * 64 * 128 * 2
     assert torch.float32 == fp32.geometry.state_dtype
+
+
+# -- cross-check against vLLM's own functions (when vLLM 0.33.0 is installed) ---------------
+
+def _vllm_real_figure(plan, scheme: str, layout_name: str) -> tuple[float, int | None, int]:
+    """vLLM 0.33.0's own block-size alignment, grouping, bytes per block and concurrency.
+
+    Only the model class (its state shapes = our layout's tensors) and the attention
+    backend (``MultipleOf(16)``, as FlashAttention) are stand-ins.
+    """
+    from types import SimpleNamespace as NS
+
+    import vllm.model_executor.models as models_pkg
+    from vllm.platforms.interface import Platform
+    from vllm.v1.attention.backend import MultipleOf
+    from vllm.v1.core import kv_cache_planning as kp
+    from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSpec
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    layout = PageLayout(scheme, plan.geometry, plan.spec)  # type: ignore[arg-type]
+    shapes = tuple(t.shape for t in layout.tensors)
+    dtypes = tuple(t.dtype for t in layout.tensors)
+    g, tp, mml = plan.geometry, plan.tp_size, plan.max_model_len
+    attn = load_model(plan.model).attention
+    n_attn = plan.num_attention_layers if plan.count_attention else 0
+    kv_heads = max(1, attn.num_kv_heads // tp)
+    cache_config = NS(cache_dtype="auto", block_size=16, mamba_cache_mode="none", mamba_page_size_padded=None)
+    vllm_config = NS(cache_config=cache_config, parallel_config=NS(tensor_parallel_size=tp),
+                     model_config=NS(dtype=g.act_dtype, use_mla=False, architecture="Fake",
+                                     get_num_kv_heads=lambda pc: kv_heads, get_head_size=lambda: attn.head_dim))
+
+    class FakeModel:
+        @classmethod
+        def get_mamba_state_shape_from_config(cls, vc):
+            return shapes
+
+        @classmethod
+        def get_mamba_state_dtype_from_config(cls, vc):
+            return dtypes
+
+    class Backend:
+        @classmethod
+        def customize_spec(cls, spec):
+            return spec
+
+        @classmethod
+        def get_supported_kernel_block_sizes(cls, spec=None):
+            return [MultipleOf(16)]
+
+    class FakePlatform(Platform):
+        @classmethod
+        def _find_non_ssm_backends(cls, vc):
+            return [Backend]
+
+    registry = models_pkg.ModelRegistry
+    original = registry.resolve_model_cls
+    registry.resolve_model_cls = lambda *a, **k: (FakeModel, "Fake")
+    try:
+        if n_attn:
+            FakePlatform._align_hybrid_block_size(vllm_config, Backend)
+    finally:
+        registry.resolve_model_cls = original
+    nsb = plan.num_speculative_tokens if scheme == "native" else 0
+    specs = {f"attn.{i}": FullAttentionSpec(block_size=cache_config.block_size, num_kv_heads=kv_heads,
+                                            head_size=attn.head_dim, dtype=g.act_dtype) for i in range(n_attn)}
+    for i in range(g.num_layers):
+        specs[f"mamba.{i}"] = MambaSpec(shapes=shapes, dtypes=dtypes, block_size=mml,
+                                        page_size_padded=cache_config.mamba_page_size_padded,
+                                        mamba_cache_mode="none", num_speculative_blocks=nsb)
+    assert MambaSpec(shapes=shapes, dtypes=dtypes, block_size=1).page_size_bytes == layout.layer_page_bytes
+    if kp.is_kv_cache_spec_uniform(specs):
+        groups = kp._get_kv_cache_groups_uniform_spec(specs)
+    else:
+        groups = kp._get_kv_cache_groups_uniform_page_size(kp.unify_kv_cache_spec_page_size(specs))
+    bytes_per_block = kp._get_kv_cache_bytes_per_block(groups, KVCacheLayout[layout_name])
+    num_blocks = plan.budget_bytes // bytes_per_block  # get_kv_cache_configs
+    fake = NS(model_config=NS(max_model_len=mml), cache_config=NS(mamba_cache_mode="none"),
+              parallel_config=NS(decode_context_parallel_size=1))
+    config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    block_size = cache_config.block_size if n_attn else None
+    return get_max_concurrency_for_kv_cache_config(fake, config), block_size, num_blocks
+
+
+def test_vllm_compatible_matches_vllm_0_33_source() -> None:
+    vllm = pytest.importorskip("vllm")
+    if vllm.__version__ != "0.33.0":
+        pytest.skip(f"the cross-check is pinned to vLLM 0.33.0, found {vllm.__version__}")
+    checked = 0
+    for preset in preset_names():
+        for tp, k, count_attention in ((1, 3, True), (8, 0, True), (2, 7, True), (1, 3, False)):
+            plan = plan_capacity(preset, tp_size=tp, num_speculative_tokens=k, count_attention=count_attention,
+                                 max_model_len=32768, vllm_compatible=True)
+            for scheme in ("native", "replay"):
+                mine = plan.vllm_native if scheme == "native" else plan.vllm_replay
+                for layout_name in ("LBHNC", "BLHNC"):  # layer-outer and block-outer layouts
+                    figure, block_size, num_blocks = _vllm_real_figure(plan, scheme, layout_name)
+                    assert figure == mine.max_concurrency, (preset, tp, k, scheme, layout_name)
+                    assert block_size == mine.block_size and num_blocks == mine.num_blocks
+                    checked += 1
+    assert checked == len(preset_names()) * 4 * 2 * 2
