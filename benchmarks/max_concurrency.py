@@ -199,8 +199,8 @@ def _device_info(device: torch.device) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(device)
         info.update(name=props.name, total_memory=props.total_memory)
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=30)
+            query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
+            out = subprocess.run(query, capture_output=True, text=True, timeout=30)
             info["nvidia_smi"] = out.stdout.strip()
         except (OSError, subprocess.SubprocessError) as exc:
             info["nvidia_smi"] = f"unavailable: {exc}"
@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="nemotron-h-8b", help="preset or config.json (default: %(default)s)")
     parser.add_argument("--num-layers", type=int, default=None, help="override the number of Mamba layers")
-    parser.add_argument("--num-heads", type=int, default=None, help="override H (with --head-dim etc.: a custom geometry)")
+    parser.add_argument("--num-heads", type=int, default=None,
+                        help="override H (with --head-dim etc.: a custom geometry)")
     parser.add_argument("--head-dim", type=int, default=None)
     parser.add_argument("--state-size", type=int, default=None)
     parser.add_argument("--n-groups", type=int, default=None)
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"measured replay / native: {ratio:.2f}x (planner {plan.concurrency_ratio:.2f}x)")
 
     report = {
-        "command": " ".join([Path(sys.argv[0]).name if argv is None else "max_concurrency.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["max_concurrency.py", *(sys.argv[1:] if argv is None else argv)]),
         "env": info,
         "backend": args.backend,
         "model": cfg.name,

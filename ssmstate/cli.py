@@ -14,7 +14,8 @@ from typing import Sequence
 from ssmstate.errors import SSMStateError
 from ssmstate.geometry import load_model, preset_names
 from ssmstate.gpus import GPUS, format_size
-from ssmstate.planner import DEFAULT_GPU, CapacityPlan, describe_dtypes, plan_capacity, sweep_k
+from ssmstate.dtypes import dtype_name
+from ssmstate.planner import DEFAULT_GPU, CapacityPlan, plan_capacity, sweep_k
 
 PROG = "ssmstate"
 
@@ -74,8 +75,16 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    fmt = lambda r: "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r))  # noqa: E731
+
+    def fmt(row: tuple[str, ...]) -> str:
+        return "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row))
+
     return "\n".join([fmt(header), fmt(tuple("-" * w for w in widths)), *(fmt(r) for r in rows)])
+
+
+def describe_dtypes(plan: CapacityPlan) -> str:
+    g = plan.geometry
+    return f"state {dtype_name(g.state_dtype)}, act {dtype_name(g.act_dtype)}, conv {dtype_name(g.conv_state_dtype)}"
 
 
 def _headline(plan: CapacityPlan, sweep: list[int] | None = None) -> str:
@@ -145,8 +154,8 @@ def render_sweep(plans: list[CapacityPlan]) -> str:
                format_size(p.native.total_bytes_per_request), str(p.native.max_concurrency),
                format_size(p.replay.total_bytes_per_request), str(p.replay.max_concurrency),
                f"{p.concurrency_ratio:.2f}x")
-        if vllm:
-            row += (f"{p.vllm_native.max_concurrency:.2f}x", f"{p.vllm_replay.max_concurrency:.2f}x")  # type: ignore[union-attr]
+        if p.vllm_native is not None and p.vllm_replay is not None:
+            row += (f"{p.vllm_native.max_concurrency:.2f}x", f"{p.vllm_replay.max_concurrency:.2f}x")
         rows.append(row)
     ks = [p.num_speculative_tokens for p in plans]
     return "\n".join([_headline(plans[0], ks), "", _table(rows, header)])
@@ -163,9 +172,10 @@ def plot_sweep(plans: list[CapacityPlan], path: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(ks, [p.native.max_concurrency for p in plans], "o-", label="native (1+K pages)")
     ax.plot(ks, [p.replay.max_concurrency for p in plans], "s-", label="replay (1 page)")
-    if plans[0].vllm_native is not None:
-        ax.plot(ks, [p.vllm_native.max_concurrency for p in plans], "o--", label="vLLM native")  # type: ignore[union-attr]
-        ax.plot(ks, [p.vllm_replay.max_concurrency for p in plans], "s--", label="vLLM replay")  # type: ignore[union-attr]
+    vllm = [(p.vllm_native, p.vllm_replay) for p in plans]
+    if all(vn is not None and vr is not None for vn, vr in vllm):
+        ax.plot(ks, [vn.max_concurrency for vn, _ in vllm], "o--", label="vLLM native")  # type: ignore[union-attr]
+        ax.plot(ks, [vr.max_concurrency for _, vr in vllm], "s--", label="vLLM replay")  # type: ignore[union-attr]
     ax.set_xlabel("draft tokens K")
     ax.set_ylabel("max concurrent requests")
     ax.set_title(f"{plans[0].model}, {format_size(plans[0].budget_bytes)} budget, TP {plans[0].tp_size}")

@@ -85,13 +85,16 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_size(value: int | str) -> int:
+def parse_size(value: int | float | str) -> int:
     """Bytes of a size: an int, or a string such as ``"80GiB"``, ``"141GB"``, ``"512 MiB"``, ``"1024"``.
 
-    ``KB/MB/GB/TB`` are decimal and ``KiB/MiB/GiB/TiB`` binary; a bare number is bytes.
+    ``KB/MB/GB/TB`` are decimal and ``KiB/MiB/GiB/TiB`` binary; a bare number is bytes
+    (a float only if it is a whole number, e.g. ``80e9``).
     """
     if isinstance(value, bool):
         raise ConfigError(f"bad memory size {value!r}")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, int):
         if value <= 0:
             raise ConfigError(f"memory size must be positive, got {value}")

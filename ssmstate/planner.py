@@ -26,7 +26,6 @@ from typing import Any, Iterable
 
 import attrs
 
-from ssmstate.dtypes import dtype_name
 from ssmstate.errors import CapacityError, ConfigError
 from ssmstate.geometry import Mamba2Geometry, ModelConfig, load_model
 from ssmstate.gpus import format_size, lookup_gpu, parse_size
@@ -445,8 +444,3 @@ def sweep_k(model: str | os.PathLike[str] | ModelConfig, ks: Iterable[int] = ran
         raise ConfigError("sweep_k sets num_speculative_tokens itself; pass ks")
     kwargs.setdefault("window", max(16, 1 + max(ks)))
     return [plan_capacity(model, num_speculative_tokens=k, **kwargs) for k in ks]
-
-
-def describe_dtypes(plan: CapacityPlan) -> str:
-    g = plan.geometry
-    return f"state {dtype_name(g.state_dtype)}, act {dtype_name(g.act_dtype)}, conv {dtype_name(g.conv_state_dtype)}"
