@@ -20,13 +20,14 @@ from ssmstate.geometry import AttentionGeometry, Mamba2Geometry, ModelConfig, lo
 from ssmstate.layout import PageLayout, SpecConfig, TensorSpec
 from ssmstate.manager import SavedState, StateManager
 from ssmstate.plan import StepPlan
+from ssmstate.planner import CapacityPlan, plan_capacity, sweep_k
 from ssmstate.pool import NULL_PAGE, PagePool
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttentionGeometry", "BackendUnavailableError", "CapacityError", "ConfigError", "DeviceCommitError",
+    "AttentionGeometry", "BackendUnavailableError", "CapacityError", "CapacityPlan", "ConfigError", "DeviceCommitError",
     "LifecycleError", "Mamba2Geometry", "ModelConfig", "NULL_PAGE", "PageLayout", "PagePool", "SSMStateError",
     "SavedState", "ShapeError", "SpecConfig", "StateCache", "StateManager", "StepPlan", "TensorSpec",
-    "UnknownRequestError", "load_model", "preset_names",
+    "UnknownRequestError", "load_model", "plan_capacity", "preset_names", "sweep_k",
 ]
