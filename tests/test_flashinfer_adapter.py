@@ -16,6 +16,7 @@ import torch
 
 from ssmstate import (
     BackendUnavailableError,
+    ConfigError,
     Mamba2Geometry,
     PageLayout,
     ShapeError,
@@ -25,6 +26,7 @@ from ssmstate import (
 from ssmstate.backends import get_backend
 from ssmstate.kernels import flashinfer_backend as fb
 from ssmstate.kernels import reference as ref
+from ssmstate.plan import StepPlan
 
 
 def geom(H=8, P=64, N=128, G=2, act="bf16", state="fp32", layers=1):
@@ -155,10 +157,10 @@ def test_algorithm_option_is_validated():
     b = fb.FlashInferBackend(algorithm="monolith")
     assert b.algorithm == "monolith"
     b.algorithm = "two-kernel"
-    with pytest.raises(BackendUnavailableError, match="'auto', 'monolith', 'two-kernel'"):
+    with pytest.raises(ConfigError, match="'auto', 'monolith', 'two-kernel'"):
         b.algorithm = "fastest"
     assert b.algorithm == "two-kernel"
-    with pytest.raises(BackendUnavailableError):
+    with pytest.raises(ConfigError):
         fb.FlashInferBackend(native_algorithm="vertical")
     assert get_backend("flashinfer").algorithm == "auto"
 
@@ -377,3 +379,27 @@ def test_bad_strides_raise_shape_error_and_change_nothing(monkeypatch):
 def test_tune_and_autotune_need_a_cuda_device(no_flashinfer):
     with pytest.raises(BackendUnavailableError, match="CUDA device"):
         fb.FlashInferBackend().tune(nemotron_layout(), "cpu", [8])
+
+
+def test_plan_without_host_lengths_goes_dense_only_when_every_row_is_full(monkeypatch):
+    """An engine-built plan may record ``max_seqlen`` for every row; the token count decides."""
+    m, fake = make_manager(monkeypatch)
+    gen = torch.Generator().manual_seed(5)
+    for r in ("a", "b", "c"):
+        m.admit(r)
+    pages = torch.tensor([m.page_of("a"), m.page_of("b"), 0], dtype=torch.int32)
+    for cu_list, dense in (([0, 4, 8, 12], True), ([0, 4, 6, 6], False)):
+        cu = torch.tensor(cu_list, dtype=torch.int32)
+        L = cu_list[-1]
+        plan = StepPlan(step_id=1, request_ids=(), num_tokens=(4, 4, 4), page_ids=pages,
+                        page_table=pages[:, None].contiguous(), cu_seqlens=cu, page_ids_host=pages,
+                        page_table_host=pages[:, None], cu_seqlens_host=cu, max_seqlen=4, total_tokens=L)
+        m.cache.pending[pages[:2].long()] = torch.tensor([4, cu_list[2] - cu_list[1]], dtype=torch.int32)
+        inp = inputs(m, L, gen)
+        out = torch.zeros(L, 8, 64, dtype=torch.bfloat16)
+        m.backend.verify(m.cache, 0, plan, inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], None, None, None, out)
+        kw = fake.calls[-1][2]
+        if dense:
+            assert kw["cu"] is None and kw["x"].shape[:2] == (3, 4)
+        else:
+            assert kw["cu"] is cu and kw["max_seqlen"] == 4 and kw["x"].shape[:2] == (1, 6)

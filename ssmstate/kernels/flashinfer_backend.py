@@ -19,9 +19,11 @@ why every call is JIT-specialised on ``T`` (``max_seqlen = T`` in varlen mode ev
 when the longest row is shorter): a smaller ``T`` would silently widen FlashInfer's
 window to ``R - max_seqlen``.
 
-Two input forms: a uniform batch with ``q = T`` on every row goes dense,
-``(rows, T, H, P)``, the form FlashInfer's autotuner covers; anything else goes
-packed varlen, ``(1, tokens, H, P)`` with ``cu_seqlens``. The two-kernel scratch
+Two input forms: a step with ``T`` tokens on every row (``tokens == rows * T``;
+no row has more) goes dense, ``(rows, T, H, P)``, the form FlashInfer's autotuner
+covers; anything else goes packed varlen, ``(1, tokens, H, P)`` with ``cu_seqlens``
+(this also holds for plans built from an engine's tensors, whose per-row lengths
+the host may not know). The two-kernel scratch
 (:func:`flashinfer.mamba.allocate_checkpointing_ssu_scratch`) is allocated once
 per cache for the manager's ``max_batch`` rows, on first use (or by
 :meth:`FlashInferBackend.reserve`), and shared by every layer, so a verify
@@ -52,7 +54,7 @@ import attrs
 import torch
 
 from ssmstate.cache import StateCache
-from ssmstate.errors import BackendUnavailableError, ShapeError
+from ssmstate.errors import BackendUnavailableError, ConfigError, ShapeError
 from ssmstate.kernels import reference as ref
 from ssmstate.layout import PageLayout
 from ssmstate.plan import StepPlan
@@ -254,7 +256,7 @@ class FlashInferBackend:
     @algorithm.setter
     def algorithm(self, value: str) -> None:
         if value not in ALGORITHMS:
-            raise BackendUnavailableError(f"flashinfer algorithm must be one of {ALGORITHMS}, got {value!r}")
+            raise ConfigError(f"flashinfer algorithm must be one of {ALGORITHMS}, got {value!r}")
         self._algorithm = value
 
     @property
@@ -264,9 +266,7 @@ class FlashInferBackend:
     @native_algorithm.setter
     def native_algorithm(self, value: str) -> None:
         if value not in NATIVE_ALGORITHMS:
-            raise BackendUnavailableError(
-                f"flashinfer native_algorithm must be one of {NATIVE_ALGORITHMS}, got {value!r}"
-            )
+            raise ConfigError(f"flashinfer native_algorithm must be one of {NATIVE_ALGORITHMS}, got {value!r}")
         self._native_algorithm = value
 
     # -- protocol ----------------------------------------------------------------------
@@ -389,7 +389,7 @@ class FlashInferBackend:
         A3 = A1.view(H, 1, 1).expand(H, P, N)
         D2 = None if D1 is None else D1.view(H, 1).expand(H, P)
         b2 = None if b1 is None else b1.view(H, 1).expand(H, P)
-        if plan.is_uniform and plan.num_tokens[0] == T:
+        if L == rows * T:  # every row has T tokens (none has more): dense
             shape = (rows, T)
             cu, max_seqlen = None, None
         else:
@@ -429,7 +429,7 @@ class FlashInferBackend:
         A3 = A1.view(H, 1, 1).expand(H, P, N)
         D2 = D1.view(H, 1).expand(H, P)
         b2 = None if b1 is None else b1.view(H, 1).expand(H, P)
-        if plan.is_uniform and plan.num_tokens[0] == T:
+        if L == rows * T:
             shape: tuple[int, ...] = (rows, T)
             xv, Bv, Cv, ov = (v.unflatten(0, shape) for v in (x, B, C, out))
             zv = None if z is None else z.unflatten(0, shape)
