@@ -29,12 +29,50 @@ class StateCache:
             {t.name: torch.zeros((num_pages, *t.shape), dtype=t.dtype, device=self.device) for t in layout.tensors}
             for _ in range(layout.geometry.num_layers)
         ]
-        self.cursors = torch.zeros((CURSORS_PER_PAGE, num_pages), dtype=torch.int32, device=self.device)
-        self.ring_start = self.cursors[0]
-        self.state_slot = self.cursors[0]
-        self.num_committed = self.cursors[1]
-        self.pending = self.cursors[2]
-        self.conv_shift = self.cursors[3]
+        self._set_cursors(torch.zeros((CURSORS_PER_PAGE, num_pages), dtype=torch.int32, device=self.device))
+
+    @classmethod
+    def from_tensors(cls, layout: PageLayout, layers: list[dict[str, torch.Tensor]],
+                     cursors: torch.Tensor) -> "StateCache":
+        """A cache over tensors someone else allocated (an engine's KV-cache pages).
+
+        ``layers[l][name]`` must be ``(num_pages, *spec.shape)`` with the spec's
+        dtype for every :class:`~ssmstate.layout.TensorSpec` of ``layout``; the
+        page dimension may be strided (engine pages hold several tensors back to
+        back). ``cursors`` is ``(4, num_pages)`` int32 on the same device. Nothing
+        is allocated or zeroed; the engine owns which pages are in use.
+        """
+        from ssmstate.errors import ShapeError
+
+        if len(layers) != layout.geometry.num_layers:
+            raise ShapeError(f"got {len(layers)} layers, the layout has {layout.geometry.num_layers}")
+        if not isinstance(cursors, torch.Tensor) or cursors.dtype != torch.int32 or cursors.dim() != 2 \
+                or cursors.shape[0] != CURSORS_PER_PAGE:
+            raise ShapeError(f"cursors must be an int32 ({CURSORS_PER_PAGE}, num_pages) tensor")
+        num_pages, device = cursors.shape[1], cursors.device
+        for i, layer in enumerate(layers):
+            for spec in layout.tensors:
+                t = layer.get(spec.name)
+                if not isinstance(t, torch.Tensor):
+                    raise ShapeError(f"layer {i} has no tensor {spec.name!r}")
+                if tuple(t.shape) != (num_pages, *spec.shape) or t.dtype != spec.dtype or t.device != device:
+                    raise ShapeError(
+                        f"layer {i} {spec.name}: got {tuple(t.shape)} {t.dtype} on {t.device}, expected "
+                        f"{(num_pages, *spec.shape)} {spec.dtype} on {device}"
+                    )
+        self = cls.__new__(cls)
+        self.layout, self.num_pages, self.device = layout, num_pages, device
+        self.layers = [{spec.name: layer[spec.name] for spec in layout.tensors} for layer in layers]
+        self._set_cursors(cursors)
+        return self
+
+    def _set_cursors(self, cursors: torch.Tensor) -> None:
+        self.cursors = cursors
+        self.ring_start = cursors[0]
+        self.state_slot = cursors[0]
+        self.num_committed = cursors[1]
+        self.pending = cursors[2]
+        self.conv_shift = cursors[3]
 
     @property
     def nbytes(self) -> int:

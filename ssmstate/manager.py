@@ -85,6 +85,10 @@ class StateManager:
         backend: "reference" (PyTorch, any device), "triton" or "flashinfer".
         max_batch: most rows (padding included) one step may have; sizes the
             persistent plan buffers. Defaults to ``num_pages``.
+        cache: a :class:`StateCache` over tensors an engine allocated
+            (:meth:`StateCache.from_tensors`); ``num_pages`` must equal its page count.
+            The engine then owns the pages: steps come from
+            :meth:`begin_step_from_tensors` and fresh pages get :meth:`reset_cursors`.
 
     Host bookkeeping (which request owns which page, which step is open) lives
     here; everything a step reads or writes on the device lives in buffers at
@@ -93,7 +97,8 @@ class StateManager:
     """
 
     def __init__(self, layout: PageLayout, num_pages: int, device: torch.device | str = "cpu",
-                 backend: str = "reference", max_batch: int | None = None) -> None:
+                 backend: str = "reference", max_batch: int | None = None,
+                 cache: StateCache | None = None) -> None:
         self.layout = layout
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
@@ -101,7 +106,15 @@ class StateManager:
         self.backend: Backend = get_backend(backend)
         self.backend.check(layout, self.device)
         self.pool = PagePool(num_pages)
-        self.cache = StateCache(layout, num_pages, self.device)
+        if cache is None:
+            self.cache = StateCache(layout, num_pages, self.device)
+        else:
+            if cache.layout != layout or cache.num_pages != num_pages or cache.device != self.device:
+                raise SSMStateError(
+                    f"cache has layout/pages/device {cache.num_pages} on {cache.device}, expected "
+                    f"{num_pages} pages on {self.device} with the same layout"
+                )
+            self.cache = cache
         self._requests: dict[RequestId, _Request] = {}
         self._A: list[Tensor | None] = [None] * layout.geometry.num_layers
         self._open: StepPlan | None = None
@@ -329,6 +342,80 @@ class StateManager:
         self._open = plan
         return plan
 
+    def begin_step_from_tensors(self, page_ids: Tensor, cu_seqlens: Tensor, total_tokens: int,
+                                max_seqlen: int, num_tokens: Sequence[int] | None = None) -> StepPlan:
+        """Open a verify step from an engine's device tensors, without a host sync.
+
+        For engines that own the pages (vLLM's block pool): the engine's block ids
+        *are* page ids and rows with page 0 are padding. The tensors are copied
+        into this manager's persistent plan buffers (CUDA-graph safe), and each
+        real row's ``pending`` cursor is set to its length on the device.
+
+        Args:
+            page_ids: (rows,) int32 on the manager's device; 0 = padding row.
+            cu_seqlens: (rows + 1,) int32 on the device; padding rows may be empty.
+            total_tokens: host int, the packed token count the layers pass to verify.
+            max_seqlen: host int, an upper bound on any row's length (<= T).
+            num_tokens: host row lengths if the engine has them (CPU-side query
+                starts); otherwise ``max_seqlen`` is recorded for every row.
+        """
+        if self._open is not None:
+            raise LifecycleError(
+                f"step {self._open.step_id} is still open; commit or roll it back before begin_step"
+            )
+        dev = self.device
+        if not isinstance(page_ids, torch.Tensor) or page_ids.dtype != torch.int32 or page_ids.dim() != 1 \
+                or page_ids.device != dev:
+            raise ShapeError(f"page_ids must be a 1-D int32 tensor on {dev}")
+        rows = page_ids.shape[0]
+        if not 1 <= rows <= self.max_batch:
+            raise SSMStateError(f"a step needs 1..max_batch={self.max_batch} rows, got {rows}")
+        _check_tensor("cu_seqlens", cu_seqlens, (rows + 1,), (torch.int32,), dev)
+        T = self.layout.spec.num_tokens
+        if type(max_seqlen) is not int or not 1 <= max_seqlen <= T:
+            raise SSMStateError(f"max_seqlen must be an int in [1, T={T}], got {max_seqlen!r}")
+        if type(total_tokens) is not int or not 0 <= total_tokens <= rows * max_seqlen:
+            raise SSMStateError(f"total_tokens must be an int in [0, rows * max_seqlen], got {total_tokens!r}")
+        if num_tokens is None:
+            qs = (max_seqlen,) * rows
+        else:
+            qs = tuple(num_tokens)
+            if len(qs) != rows or sum(qs) != total_tokens or not all(type(q) is int and 0 <= q <= T for q in qs):
+                raise SSMStateError(f"num_tokens must be {rows} ints in [0, T={T}] summing to {total_tokens}")
+        tb, cb = self._page_table_buf[:rows], self._cu_buf[: rows + 1]
+        tb[:, 0].copy_(page_ids)
+        cb.copy_(cu_seqlens)
+        pids = tb[:, 0]
+        p = pids.long()
+        q = cb[1:] - cb[:-1]
+        pending = self.cache.pending
+        # Padding rows write page 0's own value back: the null page keeps its contents.
+        pending[p] = torch.where(pids != 0, q, pending[p])
+        self._step += 1
+        # No host copies exist without a sync: the *_host fields alias the device
+        # tensors, which only the reference paths read (and they sync anyway).
+        plan = StepPlan(
+            step_id=self._step, request_ids=(), num_tokens=qs, page_ids=pids, page_table=tb, cu_seqlens=cb,
+            page_ids_host=pids, page_table_host=tb, cu_seqlens_host=cb, max_seqlen=max_seqlen,
+            total_tokens=total_tokens, external=True,
+        )
+        self._open_ids = frozenset()
+        self._open = plan
+        return plan
+
+    def reset_cursors(self, page_ids: Tensor) -> None:
+        """Zero every cursor of ``page_ids`` on the device (an engine handed these pages to a new request).
+
+        Args:
+            page_ids: (n,) int32/int64 on the manager's device; 0 entries are skipped.
+        """
+        if not isinstance(page_ids, torch.Tensor) or page_ids.dim() != 1 or page_ids.device != self.device \
+                or page_ids.dtype not in (torch.int32, torch.int64):
+            raise ShapeError(f"page_ids must be a 1-D integer tensor on {self.device}")
+        p = page_ids.long()
+        cur = self.cache.cursors
+        cur[:, p] = torch.where(p != 0, torch.zeros_like(cur[:, p]), cur[:, p])
+
     def _check_open(self, plan: StepPlan, verb: str) -> None:
         if not isinstance(plan, StepPlan):
             raise SSMStateError(f"{verb} needs a StepPlan from begin_step, got {type(plan).__name__}")
@@ -429,11 +516,15 @@ class StateManager:
             raise LifecycleError(f"commit: layers {missing} did not run their conv in step {plan.step_id}")
         low = 1 if self.layout.scheme == "native" else 0
         device_counts: Tensor | None = None
-        if isinstance(num_accepted, torch.Tensor) and num_accepted.device.type != "cpu":
+        if plan.external and not (isinstance(num_accepted, torch.Tensor) and num_accepted.dtype == torch.int32
+                                  and num_accepted.dim() == 1 and num_accepted.shape[0] == rows
+                                  and num_accepted.device == self.device):
+            raise ShapeError(f"an engine-built step commits an int32 ({rows},) tensor on {self.device}")
+        if isinstance(num_accepted, torch.Tensor) and (num_accepted.device.type != "cpu" or plan.external):
             if num_accepted.device != self.device or num_accepted.dtype != torch.int32 \
                     or num_accepted.dim() != 1 or num_accepted.shape[0] not in (n, rows):
                 raise ShapeError(f"num_accepted must be int32 ({n},) or ({rows},) on {self.device}")
-            if verified == 0:
+            if verified == 0 and not plan.external:
                 raise LifecycleError("commit: no layer was verified; only rollback() is possible")
             device_counts = num_accepted
         else:
@@ -465,7 +556,11 @@ class StateManager:
             buf = self._accepted_buf[:rows]
             buf.copy_(torch.frombuffer(packed, dtype=torch.int32))
             device_counts = buf
-        if verified == 0:
+        if verified == 0 and plan.external:
+            p = plan.page_ids.long()
+            pending = self.cache.pending
+            pending[p] = torch.where(plan.page_ids != 0, torch.zeros_like(pending[p]), pending[p])
+        elif verified == 0:
             # Nothing was appended or flushed: clearing `pending` is the whole rollback.
             self.cache.pending.index_fill_(0, plan.page_ids[:n].long(), 0)
         else:
@@ -476,6 +571,9 @@ class StateManager:
         """Commit 0 accepted tokens for every row: the state is as before ``begin_step``."""
         if self.layout.scheme == "native" and plan is self._open and plan.verified_layers:
             raise LifecycleError("rollback: the native scheme overwrote its source state during verify")
+        if isinstance(plan, StepPlan) and plan.external:
+            self.commit(plan, torch.zeros((plan.num_rows,), dtype=torch.int32, device=self.device))
+            return
         self.commit(plan, 0)
 
     def _close(self, plan: StepPlan) -> None:
@@ -505,6 +603,32 @@ class StateManager:
             if A is not None:
                 self.backend.materialize(self.cache, layer, A, pages)
         ref.replay_reset_cursors(self.cache.ring_start, self.cache.num_committed, pages,
+                                 self.layout.spec.ring_len)
+
+    def materialize_pages(self, page_ids: Tensor) -> None:
+        """:meth:`materialize` by page, for engines that own the pages (0 entries are skipped).
+
+        Needed before the engine's own prefill kernels read a page's checkpoint as
+        the state (a prefill chunk continuing a request whose earlier tokens went
+        through :meth:`verify`). Rows with nothing committed are left as they are.
+
+        Args:
+            page_ids: (n,) int32 on the manager's device.
+        """
+        if self._open is not None:
+            raise LifecycleError(f"materialize_pages: step {self._open.step_id} is still open")
+        if not isinstance(page_ids, torch.Tensor) or page_ids.dtype != torch.int32 or page_ids.dim() != 1 \
+                or page_ids.device != self.device:
+            raise ShapeError(f"page_ids must be a 1-D int32 tensor on {self.device}")
+        if self.layout.scheme == "native" or page_ids.numel() == 0:
+            return
+        missing = [i for i, A in enumerate(self._A) if A is None]
+        if missing and bool((self.cache.num_committed[page_ids.long()] > 0).any()):
+            raise LifecycleError(f"materialize: layers {missing} have committed rows but no A; call bind_layer")
+        for layer, A in enumerate(self._A):
+            if A is not None:
+                self.backend.materialize(self.cache, layer, A, page_ids)
+        ref.replay_reset_cursors(self.cache.ring_start, self.cache.num_committed, page_ids,
                                  self.layout.spec.ring_len)
 
     def preempt(self, request_id: RequestId) -> SavedState:

@@ -29,6 +29,9 @@ class StepPlan:
         cu_seqlens: (rows + 1,) int32 device.
         page_ids_host, page_table_host, cu_seqlens_host: CPU copies.
         max_seqlen: the longest row; ``total_tokens``: sum of ``num_tokens``.
+        external: built by :meth:`~ssmstate.StateManager.begin_step_from_tensors` from an
+            engine's device tensors (pages owned by the engine, ``request_ids`` empty,
+            ``max_seqlen`` an upper bound); committed with a device count tensor only.
     """
 
     step_id: int
@@ -45,6 +48,7 @@ class StepPlan:
     verified_layers: set[int] = attrs.field(factory=set)
     conv_layers: set[int] = attrs.field(factory=set)
     committed: bool = False
+    external: bool = False
 
     @property
     def num_rows(self) -> int:

@@ -1,0 +1,1 @@
+"""Engine integrations. Each submodule imports its engine; ``ssmstate`` itself never does."""

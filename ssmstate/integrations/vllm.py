@@ -1,0 +1,582 @@
+"""ssmstate inside vLLM 0.33 Model Runner V2, through vLLM's plugin hooks.
+
+Turn it on with ``SSMSTATE_VLLM=1`` (or ``--additional-config '{"ssmstate":
+{"enabled": true}}'``); vLLM loads :func:`register` from the
+``vllm.general_plugins`` entry point in every process. See docs/vllm.md.
+
+The embedding, hook by hook:
+
+* **Pages.** vLLM's ``BlockPool`` owns the block ids and *they are our page ids*
+  (block 0 is vLLM's null block and our null page). Each Mamba layer's page
+  holds the DESIGN layout (checkpoint, x/B/dt rings, conv window):
+  :class:`SSMStateMambaSpec` is a ``MambaSpec`` whose shapes are
+  :attr:`PageLayout.tensors`, so its page is ``PageLayout.layer_page_bytes``,
+  and whose ``num_speculative_blocks`` is always 0: one block per request and
+  group whatever K is. It is registered with vLLM's own ``MambaManager``.
+* **Page sizing.** vLLM sizes pages twice: at config time from the model
+  classmethods ``get_mamba_state_shape_from_config``/``..._dtype_...`` (the
+  platform raises the attention block size to cover the Mamba page) and at init
+  from each layer's ``get_state_shape``. Both come from :func:`layout_for`, so
+  they cannot disagree (the mismatch that crashes vLLM at init).
+* **Layers.** :class:`SSMStateMambaMixer2` replaces ``MambaMixer2`` (vLLM's
+  out-of-tree pluggable-layer hook). Prefill rows run vLLM's own prefill path on
+  our checkpoint and conv views; decode / verify rows run
+  ``StateManager.conv`` and ``StateManager.verify`` on a :class:`StepPlan`
+  built from vLLM's Mamba2 decode metadata (``state_indices_tensor_d[:, 0]``,
+  ``query_start_loc_d``, padding rows on ``NULL_BLOCK_ID = 0``), with no host
+  sync.
+* **Model state.** :class:`SSMStateNemotronHForCausalLM` returns
+  :class:`SSMStateModelState` from ``get_model_state_cls``. It builds each
+  step's plans in ``prepare_attn``, commits ``num_sampled`` into our cursors on
+  the device in ``postprocess_state`` (right after rejection sampling) and zeroes
+  a new request's cursors in ``add_request``.
+
+Everything here delegates to vLLM's stock behaviour unless ssmstate is enabled
+for the running config, so installing ssmstate changes nothing by itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from vllm.config import VllmConfig, get_current_vllm_config
+from vllm.config.compilation import CUDAGraphMode
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.custom_op import PluggableLayer, op_registry_oot
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+from vllm.model_executor.layers.mamba.mamba_utils import (
+    MambaStateDtypeCalculator,
+    MambaStateShapeCalculator,
+    is_conv_state_dim_first,
+)
+from vllm.model_executor.models.nemotron_h import NemotronHForCausalLM
+from vllm.v1.attention.backends.utils import NULL_BLOCK_ID
+from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
+from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+from vllm.v1.worker.gpu.model_states.mamba_hybrid import MambaHybridModelState
+
+from ssmstate.cache import StateCache
+from ssmstate.errors import ConfigError, SSMStateError
+from ssmstate.geometry import Mamba2Geometry
+from ssmstate.layout import CURSORS_PER_PAGE, PageLayout, SpecConfig
+from ssmstate.manager import StateManager
+from ssmstate.plan import StepPlan
+
+#: Environment switch: "1"/"true"/"yes" turns ssmstate on for every vLLM config in the process.
+ENV_SWITCH = "SSMSTATE_VLLM"
+#: ``--additional-config`` key: ``{"ssmstate": {"enabled": true, "window": 16, "backend": "triton"}}``.
+CONFIG_KEY = "ssmstate"
+#: Architectures whose config-time page sizing this module overrides (the layer hook alone is not enough).
+SUPPORTED_ARCHITECTURES = ("NemotronHForCausalLM",)
+
+assert NULL_BLOCK_ID == 0, "ssmstate's null page is page 0; vLLM's null block must be block 0"
+
+
+# -- settings ---------------------------------------------------------------------
+
+@attrs.frozen
+class VllmSettings:
+    """What the user asked for (env and ``--additional-config``).
+
+    Attributes:
+        enabled: run ssmstate's Mamba state in place of vLLM's.
+        window: W, the replay window (ring rows R = W + 1 + K).
+        backend: ssmstate backend for verify/conv/commit ("triton" on GPU, "reference" anywhere).
+    """
+
+    enabled: bool = False
+    window: int = 16
+    backend: str = "triton"
+
+
+def _truthy(value: object) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def settings_from_vllm_config(vllm_config: VllmConfig | None) -> VllmSettings:
+    """Read the switch: ``SSMSTATE_VLLM`` (env) or ``additional_config["ssmstate"]``.
+
+    The env var, when set, decides ``enabled``; ``SSMSTATE_VLLM_WINDOW`` and
+    ``SSMSTATE_VLLM_BACKEND`` override the config's window and backend.
+    """
+    extra: Mapping[str, Any] = {}
+    if vllm_config is not None:
+        add = getattr(vllm_config, "additional_config", None) or {}
+        extra = add.get(CONFIG_KEY, {}) if isinstance(add, Mapping) else {}
+        if not isinstance(extra, Mapping):
+            raise ConfigError(f"additional_config[{CONFIG_KEY!r}] must be a dict, got {extra!r}")
+    env = os.environ.get(ENV_SWITCH)
+    enabled = _truthy(env) if env is not None else bool(extra.get("enabled", False))
+    window = int(os.environ.get(f"{ENV_SWITCH}_WINDOW", extra.get("window", 16)))
+    backend = str(os.environ.get(f"{ENV_SWITCH}_BACKEND", extra.get("backend", "triton")))
+    return VllmSettings(enabled=enabled, window=window, backend=backend)
+
+
+def is_enabled(vllm_config: VllmConfig | None) -> bool:
+    """True when ssmstate runs this config's Mamba state (switch on, supported architecture)."""
+    if vllm_config is None or vllm_config.model_config is None:
+        return False
+    if not settings_from_vllm_config(vllm_config).enabled:
+        return False
+    arch = vllm_config.model_config.architecture
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ConfigError(
+            f"{ENV_SWITCH}: ssmstate supports {SUPPORTED_ARCHITECTURES} in vLLM, not {arch!r}; unset the switch"
+        )
+    cache = vllm_config.cache_config
+    if cache.use_replayssm:
+        raise ConfigError(f"{ENV_SWITCH} and vLLM's own --use-replayssm are mutually exclusive")
+    if cache.mamba_cache_mode != "none":
+        raise ConfigError(
+            f"{ENV_SWITCH} needs mamba_cache_mode='none' (run with --no-enable-prefix-caching); "
+            f"got {cache.mamba_cache_mode!r}"
+        )
+    return True
+
+
+# -- layout: the one function both sizing paths use ----------------------------------
+
+def layout_for(*, num_heads: int, head_dim: int, state_size: int, n_groups: int, conv_kernel: int,
+               tp_size: int, ssm_dtype: torch.dtype, act_dtype: torch.dtype, conv_dtype: torch.dtype,
+               num_speculative_tokens: int, window: int, num_layers: int = 1) -> PageLayout:
+    """The replay :class:`PageLayout` of one tensor-parallel rank (global sizes in, per-rank pages out)."""
+    geometry = Mamba2Geometry(
+        num_heads=num_heads, head_dim=head_dim, state_size=state_size, n_groups=n_groups,
+        conv_kernel=conv_kernel, num_layers=num_layers, state_dtype=ssm_dtype, act_dtype=act_dtype,
+        conv_dtype=conv_dtype, tp_size=tp_size,
+    )
+    return PageLayout.replay(geometry, SpecConfig(num_speculative_tokens, window))
+
+
+def _dtypes(vllm_config: VllmConfig) -> tuple[torch.dtype, torch.dtype, torch.dtype]:
+    """(conv, ssm, act) dtypes exactly as vLLM resolves them for a Mamba2 layer."""
+    mc, cc = vllm_config.model_config, vllm_config.cache_config
+    conv, ssm = MambaStateDtypeCalculator.mamba2_state_dtype(mc.dtype, cc.mamba_cache_dtype,
+                                                             cc.mamba_ssm_cache_dtype)
+    return conv, ssm, mc.dtype
+
+
+def _padded_groups(n_groups: int, tp_size: int) -> int:
+    if n_groups % tp_size == 0:
+        return n_groups
+    return n_groups + MambaStateShapeCalculator.extra_groups_for_head_shards(n_groups, tp_size)
+
+
+def layout_from_vllm_config(vllm_config: VllmConfig, num_layers: int = 1) -> PageLayout:
+    """The per-layer page layout of a NemotronH config (config-time path)."""
+    hf = vllm_config.model_config.hf_config
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    conv, ssm, act = _dtypes(vllm_config)
+    return layout_for(
+        num_heads=hf.mamba_num_heads, head_dim=hf.mamba_head_dim, state_size=hf.ssm_state_size,
+        n_groups=_padded_groups(hf.n_groups, tp), conv_kernel=hf.conv_kernel, tp_size=tp,
+        ssm_dtype=ssm, act_dtype=act, conv_dtype=conv,
+        num_speculative_tokens=vllm_config.num_speculative_tokens,
+        window=settings_from_vllm_config(vllm_config).window, num_layers=num_layers,
+    )
+
+
+# -- KV-cache spec -------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class SSMStateMambaSpec(MambaSpec):
+    """A Mamba page in ssmstate's replay layout: one block per request whatever K is.
+
+    ``shapes``/``dtypes`` are :attr:`PageLayout.tensors` in order, so
+    ``state_content_size_bytes == PageLayout.layer_page_bytes``. Cursors (16 bytes
+    per block, shared by a group's layers) live outside the page.
+    """
+
+    window: int = 16
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_speculative_blocks != 0:
+            raise ConfigError(
+                "SSMStateMambaSpec verifies the whole window off one checkpoint: "
+                f"num_speculative_blocks must be 0, got {self.num_speculative_blocks}"
+            )
+        if self.mamba_cache_mode != "none":
+            raise ConfigError(f"SSMStateMambaSpec needs mamba_cache_mode='none', got {self.mamba_cache_mode!r}")
+
+
+def spec_from_layout(layout: PageLayout, vllm_config: VllmConfig) -> SSMStateMambaSpec:
+    """The KV-cache spec vLLM allocates and schedules for one of our Mamba layers."""
+    cc = vllm_config.cache_config
+    return SSMStateMambaSpec(
+        shapes=tuple(t.shape for t in layout.tensors),
+        dtypes=tuple(t.dtype for t in layout.tensors),
+        block_size=cc.mamba_block_size,
+        page_size_padded=cc.mamba_page_size_padded,
+        mamba_cache_mode=cc.mamba_cache_mode,
+        num_speculative_blocks=0,
+        window=layout.spec.window,
+    )
+
+
+def page_views(layout: PageLayout, raw: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Named per-layer views into vLLM's raw pages, in :attr:`PageLayout.tensors` order.
+
+    Args:
+        raw: vLLM's ``(num_blocks, 1, 1, page_bytes)`` (or ``(num_blocks, page_bytes)``) int8 view
+            of one layer; ``page_bytes`` may include padding up to the attention page.
+    Returns:
+        name -> ``(num_blocks, *shape)`` typed view (strided by the page), as
+        vLLM's ``MambaBase.bind_kv_cache`` slices them.
+    """
+    pages = raw.reshape(raw.shape[0], -1) if raw.dim() != 2 else raw
+    if pages.dtype != torch.int8 or pages.shape[1] < layout.layer_page_bytes:
+        raise SSMStateError(f"raw pages must be int8 with at least {layout.layer_page_bytes} bytes per block")
+    views: dict[str, torch.Tensor] = {}
+    offset = 0
+    for t in layout.tensors:
+        if offset % t.dtype.itemsize:
+            raise SSMStateError(f"{t.name} would start at byte {offset}, not a multiple of its {t.dtype} size")
+        views[t.name] = pages[:, offset: offset + t.nbytes].view(t.dtype).view(-1, *t.shape)
+        offset += t.nbytes
+    return views
+
+
+# -- model class: config-time shape hooks and the model-state hook -------------------
+
+class SSMStateNemotronHForCausalLM(NemotronHForCausalLM):
+    """NemotronH whose Mamba pages are ssmstate pages (when enabled for the config)."""
+
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig):
+        if not is_enabled(vllm_config):
+            return super().get_mamba_state_shape_from_config(vllm_config)
+        return tuple(t.shape for t in layout_from_vllm_config(vllm_config).tensors)
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig):
+        if not is_enabled(vllm_config):
+            return super().get_mamba_state_dtype_from_config(vllm_config)
+        return tuple(t.dtype for t in layout_from_vllm_config(vllm_config).tensors)
+
+    def get_model_state_cls(self) -> type[MambaHybridModelState]:
+        cfg = getattr(self, "vllm_config", None) or get_current_vllm_config()
+        return SSMStateModelState if is_enabled(cfg) else MambaHybridModelState
+
+
+# -- layer ------------------------------------------------------------------------------
+
+class SSMStateMambaMixer2(MambaMixer2):
+    """``MambaMixer2`` whose decode/verify rows run through a :class:`StateManager`.
+
+    Installed with vLLM's out-of-tree pluggable-layer hook, so every in-tree
+    ``MambaMixer2(...)`` builds this class; with ssmstate disabled it behaves
+    exactly like the stock layer.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cfg = get_current_vllm_config()
+        self.ssmstate_enabled = is_enabled(cfg)
+        self.ssmstate_layout: PageLayout | None = None
+        #: set by :class:`VllmStateRuntime`: (group, index of this layer in the group).
+        self.ssmstate_slot: tuple[_GroupState, int] | None = None
+        self.ssmstate_views: dict[str, torch.Tensor] = {}
+        if self.ssmstate_enabled:
+            conv, ssm, act = _dtypes(cfg)
+            self.ssmstate_layout = layout_for(
+                num_heads=self.num_heads, head_dim=self.head_dim, state_size=self.ssm_state_size,
+                n_groups=self.n_groups, conv_kernel=self.conv_kernel_size, tp_size=self.tp_size,
+                ssm_dtype=ssm, act_dtype=act, conv_dtype=conv, num_speculative_tokens=self.num_spec,
+                window=settings_from_vllm_config(cfg).window,
+            )
+            config_layout = layout_from_vllm_config(cfg)
+            if config_layout.layer_page_bytes != self.ssmstate_layout.layer_page_bytes:
+                raise ConfigError(
+                    f"layer {self.prefix}: page {self.ssmstate_layout.layer_page_bytes} B differs from the "
+                    f"config-time page {config_layout.layer_page_bytes} B"
+                )
+
+    def get_state_shape(self):
+        if self.ssmstate_layout is None:
+            return super().get_state_shape()
+        return tuple(t.shape for t in self.ssmstate_layout.tensors)
+
+    def get_state_dtype(self):
+        if self.ssmstate_layout is None:
+            return super().get_state_dtype()
+        return tuple(t.dtype for t in self.ssmstate_layout.tensors)
+
+    def get_kv_cache_spec(self, vllm_config: VllmConfig):
+        if self.ssmstate_layout is None:
+            return super().get_kv_cache_spec(vllm_config)
+        return spec_from_layout(self.ssmstate_layout, vllm_config)
+
+    def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        """Slice the raw page into our named views; expose (conv, ssm) to vLLM's prefill path."""
+        if self.ssmstate_layout is None:
+            return super().bind_kv_cache(kv_cache)
+        self.ssmstate_views = page_views(self.ssmstate_layout, kv_cache)
+        conv = self.ssmstate_views["conv"]  # (blocks, conv_dim, width): dim first
+        self.kv_cache = (conv if is_conv_state_dim_first() else conv.transpose(-1, -2),
+                         self.ssmstate_views["checkpoint"])
+
+    def conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.Tensor) -> None:
+        if self.ssmstate_layout is None:
+            return super().conv_ssm_forward(projected_states, output)
+        ctx = get_forward_context()
+        md_all = ctx.attn_metadata
+        md = md_all.get(self.prefix) if isinstance(md_all, dict) else None
+        if md is None or md.num_decodes == 0:
+            return super().conv_ssm_forward(projected_states, output)
+        nd = md.num_decode_tokens
+        if md.num_prefills > 0:
+            # vLLM's own prefill path on our checkpoint/conv views, over the prefill tokens only.
+            md_all[self.prefix] = dataclasses.replace(
+                md, num_decodes=0, num_decode_tokens=0, state_indices_tensor_d=None, query_start_loc_d=None,
+                num_accepted_tokens=None)
+            try:
+                super().conv_ssm_forward(projected_states[nd:], output[nd:])
+            finally:
+                md_all[self.prefix] = md
+        self.ssmstate_decode(projected_states[:nd], output[:nd])
+
+    def ssmstate_decode(self, projected_states: torch.Tensor, output: torch.Tensor) -> None:
+        """Decode/verify rows: conv + SSM through the group's :class:`StateManager` and open plan."""
+        if self.ssmstate_slot is None:
+            raise SSMStateError(f"layer {self.prefix} was never attached to an ssmstate runtime")
+        group, index = self.ssmstate_slot
+        plan = group.plan
+        if plan is None:
+            raise SSMStateError(f"layer {self.prefix}: decode rows but no open ssmstate step")
+        nd = plan.total_tokens
+        xBC, dt = torch.split(projected_states[:nd, self.tped_intermediate_size:],
+                              [self.tped_conv_size, self.tped_dt_size], dim=-1)
+        m = group.manager
+        conv_out = m.conv(index, plan, xBC.contiguous(), self.conv_weights, self.conv1d.bias,
+                          activation=self.activation)
+        x, B, C = self.split_hidden_states_B_C_fn(conv_out)
+        g = m.geometry
+        H, P, G, N = g.heads_per_rank, g.head_dim, g.groups_per_rank, g.state_size
+        m.verify(index, plan, x.reshape(nd, H, P), dt.contiguous(), B.reshape(nd, G, N), C.reshape(nd, G, N),
+                 self.A, D=self.D, dt_bias=self.dt_bias, out=output[:nd].view(nd, H, P))
+
+
+# -- runtime: plans from vLLM metadata, commit, reset ------------------------------------
+
+@attrs.define(eq=False)
+class _GroupState:
+    """One Mamba KV-cache group: its layers share block ids, so they share a manager and a plan."""
+
+    group_id: int
+    layer_names: list[str]
+    manager: StateManager
+    plan: StepPlan | None = None
+
+
+def plan_from_mamba2_metadata(manager: StateManager, metadata: Any,
+                              query_start_loc_cpu: torch.Tensor | None = None) -> StepPlan | None:
+    """Open a :class:`StepPlan` for the decode rows of vLLM's Mamba2 metadata; no host sync.
+
+    Uses ``state_indices_tensor_d[:, 0]`` (one block per request: our page) and
+    ``query_start_loc_d``; rows past ``num_decodes`` are CUDA-graph padding on
+    ``NULL_BLOCK_ID`` (0). Host row lengths come from ``query_start_loc_cpu``
+    (the batch's CPU query starts, decodes first) when given.
+
+    Returns None when the batch has no decode rows.
+    """
+    sid = metadata.state_indices_tensor_d
+    if metadata.num_decodes == 0 or sid is None or sid.shape[0] == 0:
+        return None
+    rows = sid.shape[0]
+    qsl = metadata.query_start_loc_d
+    if qsl is None:
+        raise SSMStateError("Mamba2 metadata has decode rows but no query_start_loc_d (spec decode off?)")
+    nd, total = metadata.num_decodes, metadata.num_decode_tokens
+    num_tokens = None
+    if query_start_loc_cpu is not None:
+        host = query_start_loc_cpu[: nd + 1].tolist()
+        num_tokens = [b - a for a, b in zip(host, host[1:])] + [0] * (rows - nd)
+    T = manager.layout.spec.num_tokens
+    return manager.begin_step_from_tensors(sid[:, 0], qsl[: rows + 1], total_tokens=total, max_seqlen=T,
+                                           num_tokens=num_tokens)
+
+
+def attach_group(group_id: int, layer_names: list[str], layer_layout: PageLayout,
+                 views: Sequence[dict[str, torch.Tensor]], cursors: torch.Tensor, device: torch.device,
+                 backend: str, max_batch: int) -> _GroupState:
+    """A :class:`StateManager` over one KV-cache group's page views (vLLM's block ids = pages)."""
+    layout = PageLayout.replay(attrs.evolve(layer_layout.geometry, num_layers=len(views)), layer_layout.spec)
+    cache = StateCache.from_tensors(layout, list(views), cursors)
+    manager = StateManager(layout, cursors.shape[1], device, backend=backend, max_batch=max_batch, cache=cache)
+    return _GroupState(group_id, layer_names, manager)
+
+
+class VllmStateRuntime:
+    """ssmstate's side of one vLLM worker: a manager per Mamba KV-cache group over vLLM's pages.
+
+    Args:
+        groups: one :class:`_GroupState` per Mamba KV-cache group (:func:`attach_group`).
+        device: the worker device. max_batch: most decode rows (padding included).
+
+    Cursors are one ``(4, num_blocks)`` int32 tensor shared by every group:
+    groups draw distinct block ids from one pool, so each block's cursors belong
+    to exactly one group's request.
+    """
+
+    def __init__(self, groups: Sequence[_GroupState], device: torch.device, max_batch: int) -> None:
+        self.device = torch.device(device)
+        self.groups = list(groups)
+        self.graph_replayed = False
+        self._accepted = torch.zeros((max_batch,), dtype=torch.int32, device=self.device)
+
+    @classmethod
+    def from_kv_cache_config(cls, kv_cache_config: KVCacheConfig, layers: Mapping[str, Any],
+                             device: torch.device, backend: str, max_batch: int) -> "VllmStateRuntime":
+        """Attach to every :class:`SSMStateMambaSpec` group of a worker whose layers are bound."""
+        device = torch.device(device)
+        num_blocks = kv_cache_config.num_blocks
+        cursors = torch.zeros((CURSORS_PER_PAGE, num_blocks), dtype=torch.int32, device=device)
+        groups = []
+        for gid, group in enumerate(kv_cache_config.kv_cache_groups):
+            if not isinstance(group.kv_cache_spec, SSMStateMambaSpec):
+                continue
+            group_layers = [layers[name] for name in group.layer_names]
+            state = attach_group(gid, list(group.layer_names), group_layers[0].ssmstate_layout,
+                                 [lyr.ssmstate_views for lyr in group_layers], cursors, device, backend, max_batch)
+            for i, lyr in enumerate(group_layers):
+                lyr.ssmstate_slot = (state, i)
+            groups.append(state)
+        return cls(groups, device, max_batch)
+
+    def begin_step(self, attn_metadata: Mapping[str, Any], query_start_loc_cpu: torch.Tensor | None,
+                   cudagraph_mode: CUDAGraphMode = CUDAGraphMode.NONE) -> None:
+        """Open this step's plan in every group (``prepare_attn``, before the forward).
+
+        Prefill rows that continue a request (``has_initial_states_p``) get their
+        committed ring rows folded into the checkpoint first, because vLLM's
+        prefill kernels read the checkpoint as the state. A plan still open here belongs to a forward that was never sampled
+        (profiling, capture, a dummy batch): it is rolled back first.
+        """
+        self.graph_replayed = cudagraph_mode == CUDAGraphMode.FULL
+        for g in self.groups:
+            if g.plan is not None and not g.plan.committed:
+                g.manager.rollback(g.plan)
+            g.plan = None
+            md = attn_metadata.get(g.layer_names[0])
+            if md is None:
+                continue
+            if md.num_prefills > 0 and md.has_initial_states_p is not None:
+                # vLLM's prefill kernels read the checkpoint as the state: fold committed ring rows first.
+                pages = torch.where(md.has_initial_states_p, md.state_indices_tensor_p,
+                                    torch.zeros_like(md.state_indices_tensor_p))
+                g.manager.materialize_pages(pages.to(torch.int32))
+            g.plan = plan_from_mamba2_metadata(g.manager, md, query_start_loc_cpu)
+
+    def commit(self, num_sampled: torch.Tensor | int) -> None:
+        """Commit ``num_sampled`` (per batch row, decodes first; bonus included) on the device.
+
+        ``max(num_sampled, 1)`` like vLLM's own Mamba bookkeeping: a one-token
+        prompt tail run as a decode row samples nothing yet consumed its token.
+        """
+        for g in self.groups:
+            plan = g.plan
+            if plan is None or plan.committed:
+                continue
+            rows = plan.num_rows
+            acc = self._accepted[:rows]
+            if isinstance(num_sampled, int):
+                acc.fill_(max(num_sampled, 1))
+            else:
+                n = min(rows, num_sampled.shape[0])
+                acc.fill_(1)
+                acc[:n].copy_(torch.clamp(num_sampled[:n], min=1))
+            if self.graph_replayed and not plan.verified_layers:
+                # A replayed full CUDA graph ran every layer's conv and verify on the device.
+                L = g.manager.num_layers
+                plan.verified_layers.update(range(L))
+                plan.conv_layers.update(range(L))
+            g.manager.commit(plan, acc)
+            g.plan = None
+
+    def reset_blocks(self, block_ids: Sequence[Sequence[int]]) -> None:
+        """Zero the cursors of a new request's blocks (``block_ids`` per KV-cache group)."""
+        ids = [b for g in self.groups if g.group_id < len(block_ids) for b in block_ids[g.group_id]]
+        if ids:
+            self.groups[0].manager.reset_cursors(torch.tensor(ids, dtype=torch.int32, device=self.device))
+
+
+class SSMStateModelState(MambaHybridModelState):
+    """Model Runner V2 model state with ssmstate's Mamba lifecycle.
+
+    ``prepare_attn`` opens each group's plan from the metadata vLLM built,
+    ``postprocess_state`` commits ``num_sampled`` right after rejection sampling
+    (device-side, no sync), ``add_request`` zeroes the new request's cursors.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ssmstate: VllmStateRuntime | None = None
+        self._pending_blocks: list[tuple[list[int], ...]] = []
+
+    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig, block_tables: Any) -> None:
+        super().initialize_kv_cache(kv_cache_config, block_tables)
+        settings = settings_from_vllm_config(self.vllm_config)
+        layers = self.vllm_config.compilation_config.static_forward_context
+        self.ssmstate = VllmStateRuntime.from_kv_cache_config(kv_cache_config, layers, self.device,
+                                                              settings.backend, max_batch=self.max_num_reqs)
+        for block_ids in self._pending_blocks:
+            self.ssmstate.reset_blocks(block_ids)
+        self._pending_blocks.clear()
+
+    def add_request(self, req_index: int, new_req_data: Any) -> None:
+        super().add_request(req_index, new_req_data)
+        if self.ssmstate is None:
+            self._pending_blocks.append(new_req_data.block_ids)
+        else:
+            self.ssmstate.reset_blocks(new_req_data.block_ids)
+
+    def prepare_attn(self, input_batch: Any, cudagraph_mode: CUDAGraphMode, *args: Any, **kwargs: Any):
+        attn_metadata = super().prepare_attn(input_batch, cudagraph_mode, *args, **kwargs)
+        if self.ssmstate is not None:
+            qsl_cpu = torch.from_numpy(input_batch.query_start_loc_np)
+            self.ssmstate.begin_step(attn_metadata, qsl_cpu, cudagraph_mode)
+        return attn_metadata
+
+    def postprocess_state(self, idx_mapping: torch.Tensor, num_sampled: torch.Tensor | int,
+                          num_computed_tokens: torch.Tensor | None = None) -> None:
+        if self.ssmstate is not None:
+            self.ssmstate.commit(num_sampled)
+        super().postprocess_state(idx_mapping, num_sampled, num_computed_tokens)
+
+
+# -- plugin entry point -----------------------------------------------------------------
+
+_MODEL_CLASS = f"{__name__}:SSMStateNemotronHForCausalLM"
+
+
+def register() -> None:
+    """``vllm.general_plugins`` entry point; idempotent (vLLM may call it in every process).
+
+    Registers the spec (with vLLM's ``MambaManager``, grouped as a ``MambaSpec``),
+    the ``MambaMixer2`` replacement and the NemotronH model override. Each of
+    them keeps vLLM's stock behaviour unless :func:`is_enabled` holds for the
+    running config, and ``SSMSTATE_VLLM=0`` skips registration altogether.
+    """
+    env = os.environ.get(ENV_SWITCH)
+    if env is not None and not _truthy(env):
+        return
+    # Built-in specs register lazily, only while the registry is empty: fill it first.
+    KVCacheSpecRegistry._ensure_registered()
+    KVCacheSpecRegistry.register(SSMStateMambaSpec, MambaManager, uniform_type_base_spec=MambaSpec)
+    current = op_registry_oot.get("MambaMixer2")
+    if current is None:
+        PluggableLayer.register_oot(SSMStateMambaMixer2, name="MambaMixer2")
+    elif current is not SSMStateMambaMixer2:
+        raise ConfigError(f"another plugin already replaced MambaMixer2 with {current!r}")
+    from vllm import ModelRegistry
+
+    for arch in SUPPORTED_ARCHITECTURES:
+        ModelRegistry.register_model(arch, _MODEL_CLASS)
