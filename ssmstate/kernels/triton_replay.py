@@ -26,6 +26,7 @@ once and write nothing.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import Any
 
@@ -79,118 +80,130 @@ def _replay_verify_kernel(
     s_C_t, s_C_g, s_C_n,
     s_z_t, s_z_h, s_z_p,
     s_o_t, s_o_h, s_o_p,
-    NPT: tl.constexpr, HPG: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
+    NPT: tl.constexpr, HPG: tl.constexpr, HB: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr, FOLD_N: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    DOT_PREC: tl.constexpr, FOLD_PREC: tl.constexpr, READOUT_DOT: tl.constexpr, TT: tl.constexpr,
+    DOT_PREC: tl.constexpr, FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, NATIVE_G: tl.constexpr,
 ):
+    # One program: one row, HB heads of one group, one tile of BLOCK_P head-dim rows.
     pid = tl.program_id(0)
     row = tl.program_id(1)
-    h = (pid // NPT).to(tl.int64)
     pt = pid % NPT
+    h0 = (pid // NPT).to(tl.int64) * HB
+    g = h0 // HPG
     page = tl.load(page_ptr + row).to(tl.int64)
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
     if (page != 0) & (q > 0):
-        offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P).to(tl.int64)
+        offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
+        offs_n = tl.arange(0, BLOCK_N)
+        if IDX64:  # the interpreter checks every int32 vector op for overflow: int64 skips it
+            offs_p = offs_p.to(tl.int64)
+            offs_n = offs_n.to(tl.int64)
         mp = offs_p < P
-        offs_n = tl.arange(0, BLOCK_N).to(tl.int64)
         mn = offs_n < N
-        # The checkpoint tile dominates the traffic: issue it first.
-        ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p + offs_n[None, :] * s_ck_n
-        mS = mp[:, None] & mn[None, :]
-        S = tl.load(ck, mask=mS, other=0.0).to(tl.float32)
-
         c = tl.load(nc_ptr + page)
         rs = tl.load(rs_ptr + page)
         flush = c + q > window
-        g = h // HPG
-        A = tl.load(A_ptr + h).to(tl.float32)
 
+        # the row's sequence: c history rows from the ring, then the q window tokens
         kk = tl.arange(0, BLOCK_K)
         is_hist = kk < c
         is_new = (kk >= c) & (kk < c + q)
-        ring = ((rs + kk) % R).to(tl.int64)  # ring row of sequence position k (history and appended alike)
-        tok = (lo + tl.maximum(kk - c, 0)).to(tl.int64)
-
-        # processed dt over the sequence
-        dth = tl.load(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
-        dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
-        if HAS_DTB:
-            dtn += tl.load(dtb_ptr + h).to(tl.float32)
-        if DT_SOFTPLUS:
-            dtn = _softplus(dtn)
-        dtn = tl.where(is_new, dtn, 0.0)
-        dtp = tl.where(is_hist, dth, dtn)
-
-        # x over the sequence, transposed: (BLOCK_P, BLOCK_K)
-        xr_base = xr_ptr + page * s_xr_pg + h * s_xr_h
-        xh = tl.load(xr_base + ring[None, :] * s_xr_r + offs_p[:, None] * s_xr_p,
-                     mask=mp[:, None] & is_hist[None, :], other=0.0)
-        xn_raw = tl.load(x_ptr + tok[None, :] * s_x_t + h * s_x_h + offs_p[:, None] * s_x_p,
-                         mask=mp[:, None] & is_new[None, :], other=0.0)
-        XT = xh.to(tl.float32) + xn_raw.to(tl.float32)
-
-        # B over the sequence: (BLOCK_K, BLOCK_N)
-        Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
-        bh = tl.load(Br_base + ring[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
-                     mask=is_hist[:, None] & mn[None, :], other=0.0)
-        bn_raw = tl.load(B_ptr + tok[:, None] * s_B_t + g * s_B_g + offs_n[None, :] * s_B_n,
-                         mask=is_new[:, None] & mn[None, :], other=0.0)
-        Bseq = bh.to(tl.float32) + bn_raw.to(tl.float32)
-
-        # C of the window tokens: (BLOCK_S, BLOCK_N)
+        ring = (rs + kk) % R  # ring row of sequence position k (history and appended alike)
+        tok = lo + tl.maximum(kk - c, 0)
         ss = tl.arange(0, BLOCK_S)
         ms = ss < q
-        tw = (lo + ss).to(tl.int64)
-        Cw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :] * s_C_n,
-                     mask=ms[:, None] & mn[None, :], other=0.0).to(tl.float32)
+        tw = lo + ss
+        if IDX64:
+            ring = ring.to(tl.int64)
+            tok = tok.to(tl.int64)
+            tw = tw.to(tl.int64)
+        pos = c + ss  # sequence position of window token s
 
-        if flush:
-            S = _fold(S, XT, Bseq, dtp, is_hist, A, FOLD_PREC)
-            tl.store(ck, S.to(ck_ptr.dtype.element_ty), mask=mS)
-
-        # outputs of the window from S (S0, or S1 after a flush) plus the live rows
-        base = tl.where(flush, c, 0)
-        live = (kk >= base) & (kk < c + q)
-        lam = tl.cumsum(tl.where(live, dtp, 0.0), axis=0)
-        pos = c + ss
-        lam_w = tl.sum(tl.where(kk[:, None] == pos[None, :], lam[:, None], 0.0), axis=0)
-        CT = tl.trans(Cw)
-        G = tl.dot(Bseq, CT, input_precision=DOT_PREC)  # (BLOCK_K, BLOCK_S): B_k·C_s
-        causal = live[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
-        E = tl.exp(tl.minimum(A * (lam_w[None, :] - lam[:, None]), 0.0))
-        F = tl.where(causal, G * dtp[:, None] * E, 0.0)
-        Y = tl.dot(XT, F, input_precision=DOT_PREC)  # (BLOCK_P, BLOCK_S)
-        if READOUT_DOT:
-            RO = tl.dot(S, CT, input_precision=DOT_PREC)
-        else:  # S stays in registers: one fp32 multiply-reduce per window token
-            RO = tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
-            for s in tl.static_range(TT):
-                c_s = tl.sum(tl.where(ss[:, None] == s, Cw, 0.0), axis=0)
-                RO = tl.where(ss[None, :] == s, tl.sum(S * c_s[None, :], axis=1)[:, None], RO)
-        Y += RO * tl.exp(tl.minimum(A * lam_w, 0.0))[None, :]
-
+        # group level: G[k, s] = B_k . C_s, shared by the HB heads
+        Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
+        mBh = is_hist[:, None] & mn[None, :]
+        mBn = is_new[:, None] & mn[None, :]
+        bh = tl.load(Br_base + ring[:, None] * s_Br_r + offs_n[None, :] * s_Br_n, mask=mBh, other=0.0)
+        bn_raw = tl.load(B_ptr + tok[:, None] * s_B_t + g * s_B_g + offs_n[None, :] * s_B_n, mask=mBn, other=0.0)
+        Cw_raw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :] * s_C_n,
+                         mask=ms[:, None] & mn[None, :], other=0.0)
+        CT = tl.trans(Cw_raw.to(tl.float32))
+        if NATIVE_G:  # 16-bit B and C: exact products, fp32 accumulation
+            G = tl.dot(tl.where(mBh, bh, bn_raw), tl.trans(Cw_raw))
+        else:
+            G = tl.dot(bh.to(tl.float32) + bn_raw.to(tl.float32), CT, input_precision=DOT_PREC)  # (BLOCK_K, BLOCK_S)
+        if (pt == 0) & (h0 % HPG == 0):  # append the window's B rows to the ring, once per group
+            tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
+                     bn_raw.to(Br_ptr.dtype.element_ty), mask=mBn)
+        causal = (kk < c + q)[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
         mo = mp[:, None] & ms[None, :]
-        if HAS_D:
-            xw = tl.load(x_ptr + tw[None, :] * s_x_t + h * s_x_h + offs_p[:, None] * s_x_p,
-                         mask=mo, other=0.0).to(tl.float32)
-            Y += tl.load(D_ptr + h).to(tl.float32) * xw
-        if HAS_Z:
-            zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None] * s_z_p,
-                         mask=mo, other=0.0).to(tl.float32)
-            Y *= zz * tl.sigmoid(zz)
-        tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None] * s_o_p,
-                 Y.to(out_ptr.dtype.element_ty), mask=mo)
+        mS = mp[:, None] & mn[None, :]
 
-        # append the window to the ring (disjoint from the history rows: c + q <= R)
-        tl.store(xr_base + ring[None, :] * s_xr_r + offs_p[:, None] * s_xr_p,
-                 xn_raw.to(xr_ptr.dtype.element_ty), mask=mp[:, None] & is_new[None, :])
-        if pt == 0:
-            tl.store(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, dtn, mask=is_new)
-            if h % HPG == 0:
-                tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
-                         bn_raw.to(Br_ptr.dtype.element_ty), mask=is_new[:, None] & mn[None, :])
+        for j in tl.range(0, HB):
+            h = h0 + j
+            A = tl.load(A_ptr + h).to(tl.float32)
+            ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p + offs_n[None, :] * s_ck_n
+            S = tl.load(ck, mask=mS, other=0.0).to(tl.float32)
+            # processed dt over the sequence
+            dth = tl.load(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
+            dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
+            if HAS_DTB:
+                dtn += tl.load(dtb_ptr + h).to(tl.float32)
+            if DT_SOFTPLUS:
+                dtn = _softplus(dtn)
+            dtn = tl.where(is_new, dtn, 0.0)
+            dtp = tl.where(is_hist, dth, dtn)
+            # x over the sequence, transposed: (BLOCK_P, BLOCK_K)
+            xr_base = xr_ptr + page * s_xr_pg + h * s_xr_h
+            xh = tl.load(xr_base + ring[None, :] * s_xr_r + offs_p[:, None] * s_xr_p,
+                         mask=mp[:, None] & is_hist[None, :], other=0.0)
+            xn_raw = tl.load(x_ptr + tok[None, :] * s_x_t + h * s_x_h + offs_p[:, None] * s_x_p,
+                             mask=mp[:, None] & is_new[None, :], other=0.0)
+            XT = xh.to(tl.float32) + xn_raw.to(tl.float32)
+
+            # y_s = e^{A Λ_w} S0 C_s + Σ_{k<=w} dt_k e^{A (Λ_w - Λ_k)} (B_k.C_s) x_k, w = c + s.
+            # Both routes give these outputs; a flush row also stores the folded history.
+            lam = tl.cumsum(dtp, axis=0)
+            lam_w = tl.sum(tl.where(kk[:, None] == pos[None, :], lam[:, None], 0.0), axis=0)
+            E = tl.exp(tl.minimum(A * (lam_w[None, :] - lam[:, None]), 0.0))
+            F = tl.where(causal, G * dtp[:, None] * E, 0.0)
+            Y = tl.dot(XT, F, input_precision=DOT_PREC)
+            Y += tl.dot(S, CT, input_precision=DOT_PREC) * tl.exp(tl.minimum(A * lam_w, 0.0))[None, :]
+            if HAS_D:
+                xw = tl.load(x_ptr + tw[None, :] * s_x_t + h * s_x_h + offs_p[:, None] * s_x_p,
+                             mask=mo, other=0.0).to(tl.float32)
+                Y += tl.load(D_ptr + h).to(tl.float32) * xw
+            if HAS_Z:
+                zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None] * s_z_p,
+                             mask=mo, other=0.0).to(tl.float32)
+                Y *= zz * tl.sigmoid(zz)
+            tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None] * s_o_p,
+                     Y.to(out_ptr.dtype.element_ty), mask=mo)
+            # append the window's x and dt rows to the ring (disjoint from the history: c + q <= R)
+            tl.store(xr_base + ring[None, :] * s_xr_r + offs_p[:, None] * s_xr_p,
+                     xn_raw.to(xr_ptr.dtype.element_ty), mask=mp[:, None] & is_new[None, :])
+            if pt == 0:
+                tl.store(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, dtn, mask=is_new)
+            if flush:
+                # fold the history into the checkpoint, N chunk by N chunk (the tile is re-read
+                # from L2 so the full tile is not live across this branch)
+                tot = tl.sum(dth, axis=0)
+                wf = dth * tl.exp(tl.minimum(A * (tot - tl.cumsum(dth, axis=0)), 0.0))
+                XTw = XT * wf[None, :]
+                carry = tl.exp(tl.minimum(A * tot, 0.0))
+                ck_row = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p
+                for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
+                    oc = n0 + tl.arange(0, FOLD_N)
+                    if IDX64:
+                        oc = oc.to(tl.int64)
+                    mc = mp[:, None] & (oc < N)[None, :]
+                    Sc = tl.load(ck_row + oc[None, :] * s_ck_n, mask=mc, other=0.0).to(tl.float32)
+                    Bc = tl.load(Br_base + ring[:, None] * s_Br_r + oc[None, :] * s_Br_n,
+                                 mask=is_hist[:, None] & (oc < N)[None, :], other=0.0).to(tl.float32)
+                    Sc = Sc * carry + tl.dot(XTw, Bc, input_precision=FOLD_PREC)
+                    tl.store(ck_row + oc[None, :] * s_ck_n, Sc.to(ck_ptr.dtype.element_ty), mask=mc)
 
 
 # -- materialize --------------------------------------------------------------------------
@@ -297,28 +310,34 @@ def _block_p(P: int, cap: int) -> int:
     return min(cap, _pow2(P))
 
 
-def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: torch.device) -> dict[str, Any]:
+def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: torch.device,
+                  G: int = 1) -> dict[str, Any]:
     """Launch heuristic for :func:`replay_verify` (no autotuning: the interpreter cannot run it).
 
-    The checkpoint tile is ``BLOCK_P x N`` fp32 per program. Small grids (batch 1 at
-    128 heads) split P further so more SMs stream the state in parallel.
+    A program streams ``HB`` heads of one group (``G = B Cᵀ`` is computed once
+    for them) over a ``BLOCK_P x N`` tile each. Small grids (batch 1 at 128
+    heads) use one head per program and split P so more SMs stream the state.
     """
-    BLOCK_N = _pow2(N)
-    cap = max(16, 8192 // BLOCK_N)  # at most 8K state elements per program
-    if device.type != "cuda":  # the interpreter pays per program: one masked tile per head
-        return {"BLOCK_P": min(_pow2(P), 128), "num_warps": 4, "num_stages": 1, "readout_dot": True}
-    BLOCK_P = _block_p(P, min(64, cap))
-    waves = rows * H * triton.cdiv(P, BLOCK_P) / _num_sms(device)
-    while waves < 2 and BLOCK_P > 16 and P % (BLOCK_P // 2) == 0:
+    HPG = max(1, H // max(G, 1))
+    if not _compiled(device):  # the interpreter pays per program: one masked tile, all heads of a group
+        return {"BLOCK_P": min(_pow2(P), 128), "HB": HPG, "num_warps": 4, "num_stages": 1}
+    BLOCK_P = _block_p(P, 64)
+    HB = 1
+    sms = _num_sms(device)
+    # split P while the grid is under ~1.5 programs per SM
+    while rows * (H // HB) * triton.cdiv(P, BLOCK_P) < 1.5 * sms and BLOCK_P > 16 and P % (BLOCK_P // 2) == 0:
         BLOCK_P //= 2
-        waves *= 2
-    return {"BLOCK_P": BLOCK_P, "num_warps": 4, "num_stages": 1, "readout_dot": True}
+    return {"BLOCK_P": BLOCK_P, "HB": HB, "num_warps": 4, "num_stages": 1, "FOLD_N": 16}
+
+
+def _compiled(device: torch.device) -> bool:
+    """Kernels run compiled for a GPU (not in the interpreter)."""
+    return not INTERPRETED and device.type == "cuda"
 
 
 def _dot_prec(device: torch.device) -> tuple[str, str]:
-    if INTERPRETED or device.type != "cuda":
-        return "ieee", "ieee"
-    return "tf32", "tf32x3"
+    """(output terms, stored fold): tf32 / 3xTF32 on the GPU; the interpreter computes fp32 anyway."""
+    return ("tf32", "tf32x3") if _compiled(device) else ("ieee", "ieee")
 
 
 def _check_T(T: int) -> None:
@@ -368,7 +387,7 @@ def replay_verify(
         out: (tokens, H, P), written for every non-padding token.
         D: (H,) skip or None. dt_bias: (H,) or None. z: (tokens, H, P) gate or None.
         max_seqlen: longest row (<= 16); defaults to ``R - window`` (= T on the layout).
-        config: launch override, keys ``BLOCK_P``, ``num_warps``, ``num_stages``, ``readout_dot``.
+        config: launch override, keys ``BLOCK_P``, ``HB`` (heads per program), ``num_warps``, ``num_stages``.
     Returns:
         ``out``.
     """
@@ -379,17 +398,17 @@ def replay_verify(
     _check_T(T)
     rows = page_ids.shape[0]
     dev = x.device
-    cfg = dict(verify_config(rows, H, P, N, R, T, dev))
+    cfg = dict(verify_config(rows, H, P, N, R, T, dev, G))
     if config:
         cfg.update(config)
-    BLOCK_P = cfg["BLOCK_P"]
+    BLOCK_P, HB = cfg["BLOCK_P"], math.gcd(int(cfg["HB"]), H // G)
     NPT = triton.cdiv(P, BLOCK_P)
     dot_prec, fold_prec = _dot_prec(dev)
     dummy = dt_ring
     Dp = D if D is not None else dummy
     dtbp = dt_bias if dt_bias is not None else dummy
     zp = z if z is not None else x
-    grid = (H * NPT, rows)
+    grid = (H // HB * NPT, rows)
     _replay_verify_kernel[grid](
         checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed,
         x, dt, A, B, C, Dp, dtbp, zp, out,
@@ -397,10 +416,12 @@ def replay_verify(
         window, R, P, N,
         *checkpoint.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(),
         *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *zp.stride(), *out.stride(),
-        NPT=NPT, HPG=H // G,
+        NPT=NPT, HPG=H // G, HB=HB,
         BLOCK_P=BLOCK_P, BLOCK_N=_pow2(N), BLOCK_K=_pow2(R), BLOCK_S=_pow2(T),
+        FOLD_N=min(_pow2(N), int(cfg.get("FOLD_N", 16 if _compiled(dev) else 128))),
         HAS_D=D is not None, HAS_DTB=dt_bias is not None, HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),
-        DOT_PREC=dot_prec, FOLD_PREC=fold_prec, READOUT_DOT=bool(cfg["readout_dot"]), TT=T,
+        DOT_PREC=dot_prec, FOLD_PREC=fold_prec, IDX64=INTERPRETED,
+        NATIVE_G=_compiled(dev) and B.dtype == B_ring.dtype == C.dtype and B.dtype in (torch.bfloat16, torch.float16),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out
@@ -462,7 +483,7 @@ def replay_materialize(
     cfg = dict(verify_config(rows, H, P, N, R, 1, dev))
     if config:
         cfg.update(config)
-    BLOCK_P = cfg["BLOCK_P"]
+    BLOCK_P = min(cfg["BLOCK_P"], 64 if dev.type == "cuda" else 128)
     NPT = triton.cdiv(P, BLOCK_P)
     _replay_materialize_kernel[(H * NPT, rows)](
         checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, A, page_ids,

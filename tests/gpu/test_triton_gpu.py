@@ -1,0 +1,260 @@
+"""Triton backend on the GPU at Nemotron-H geometry, against the PyTorch reference; CUDA-graph decode step.
+
+H=128, P=64, N=128, G=8, bf16 inputs, fp32 state (plus head_dim 80 and a bf16
+state). Skipped as a whole without CUDA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+if torch.cuda.is_available():
+    from ssmstate.kernels import triton_conv as tcv
+    from ssmstate.kernels import triton_replay as trk
+
+from ssmstate import Mamba2Geometry, PageLayout, SpecConfig, StateManager
+from ssmstate.kernels import reference as ref
+from tests.test_triton_common import compare_verify, make_case, rel, run_verify
+
+DEV = "cuda"
+NEMO = dict(H=128, G=8, P=64, N=128)
+
+
+@pytest.mark.parametrize("T,W,route,rows,n_pad", [
+    (4, 16, "mixed", 12, 3), (4, 16, "flush", 5, 1), (4, 16, "nonflush", 5, 1),
+    (2, 16, "mixed", 9, 2), (8, 32, "mixed", 9, 2), (8, 16, "flush", 4, 0), (1, 16, "mixed", 6, 1),
+])
+def test_verify_nemotron(T, W, route, rows, n_pad):
+    gen = torch.Generator().manual_seed(T * 100 + W + rows)
+    case = make_case(gen, DEV, pages=rows + 3, W=W, T=T, rows=rows, n_pad=n_pad, route=route,
+                     state_dtype=torch.float32, act_dtype=torch.bfloat16, **NEMO)
+    got = run_verify(trk.replay_verify, case)
+    want = run_verify(ref.replay_verify, case)
+    compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
+
+
+@pytest.mark.parametrize("cfg", [dict(HB=2), dict(BLOCK_P=16), dict(BLOCK_P=32, num_warps=8), dict(HB=4, num_stages=2),
+                                 dict(BLOCK_P=64, num_warps=2, FOLD_N=32), dict(HB=16, BLOCK_P=64, num_warps=8)])
+def test_verify_configs(cfg):
+    gen = torch.Generator().manual_seed(7)
+    case = make_case(gen, DEV, pages=10, W=16, T=4, rows=8, n_pad=1, act_dtype=torch.bfloat16, **NEMO)
+    got = run_verify(trk.replay_verify, case, config=cfg)
+    want = run_verify(ref.replay_verify, case)
+    compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
+
+
+@pytest.mark.parametrize("P,state_dtype,act_dtype", [
+    (80, torch.float32, torch.bfloat16), (64, torch.bfloat16, torch.bfloat16), (64, torch.float32, torch.float16),
+    (64, torch.float16, torch.float16),
+])
+def test_verify_dtypes_and_head_dim(P, state_dtype, act_dtype):
+    gen = torch.Generator().manual_seed(P)
+    case = make_case(gen, DEV, pages=9, H=128, G=8, P=P, N=128, W=16, T=4, rows=7, n_pad=1,
+                     state_dtype=state_dtype, act_dtype=act_dtype)
+    got = run_verify(trk.replay_verify, case)
+    want = run_verify(ref.replay_verify, case)
+    compare_verify(case, got, want, out_tol=1.5e-2, state_tol=1e-5 if state_dtype == torch.float32 else 1e-2)
+
+
+def test_materialize_nemotron():
+    gen = torch.Generator().manual_seed(3)
+    case = make_case(gen, DEV, pages=9, W=16, T=4, rows=7, n_pad=2, act_dtype=torch.bfloat16, **NEMO)
+    a = {k: v.clone() for k, v in case["state"].items()}
+    b = {k: v.clone() for k, v in case["state"].items()}
+    args = (case["ring_start"], case["num_committed"], case["A"], case["page_ids"])
+    ref.replay_materialize(a["checkpoint"], a["x_ring"], a["B_ring"], a["dt_ring"], *args)
+    trk.replay_materialize(b["checkpoint"], b["x_ring"], b["B_ring"], b["dt_ring"], *args)
+    assert rel(b["checkpoint"], a["checkpoint"]) < 1e-5
+    assert torch.equal(b["checkpoint"][0], case["state"]["checkpoint"][0])
+
+
+def test_commit_gpu():
+    gen = torch.Generator().manual_seed(5)
+    pages, W, T = 300, 16, 4
+    R = W + T
+    for bad in (False, True):
+        cur = torch.randint(0, 5, (4, pages), generator=gen, dtype=torch.int32)
+        cur[1] = torch.randint(0, W + 1, (pages,), generator=gen, dtype=torch.int32)
+        cur[2] = torch.randint(1, T + 1, (pages,), generator=gen, dtype=torch.int32)
+        cur[0] = torch.randint(0, R, (pages,), generator=gen, dtype=torch.int32)
+        ids = (torch.randperm(pages - 1, generator=gen)[:256] + 1).to(torch.int32)
+        ids[-5:] = 0
+        acc = torch.minimum(torch.randint(0, T + 1, (256,), generator=gen, dtype=torch.int32), cur[2][ids.long()])
+        if bad:
+            acc[17] = cur[2][ids[17].long()] + 1
+        c1, c2 = cur.cuda(), cur.clone().cuda()
+        e1, e2 = torch.zeros(1, dtype=torch.int32, device=DEV), torch.zeros(1, dtype=torch.int32, device=DEV)
+        ref.replay_commit(c1[0], c1[1], c1[2], c1[3], ids.cuda(), acc.cuda(), W, R, True, e1)
+        trk.replay_commit(c2[0], c2[1], c2[2], c2[3], ids.cuda(), acc.cuda(), W, R, True, e2)
+        assert torch.equal(c1, c2)
+        assert int(e1) == int(e2) == int(bad)
+
+
+def test_conv_gpu():
+    gen = torch.Generator().manual_seed(11)
+    pages, Dc, k, T, rows = 10, 128 * 64 + 2 * 8 * 128, 4, 4, 8
+    width = k - 1 + T
+    win = torch.randn(pages, Dc, width, generator=gen).to(torch.bfloat16).cuda()
+    shift = torch.randint(0, T + 1, (pages,), generator=gen, dtype=torch.int32).cuda()
+    qs = torch.randint(1, T + 1, (rows,), generator=gen).tolist()
+    cu = torch.tensor([0] + torch.tensor(qs).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    ids = torch.tensor([3, 1, 0, 5, 7, 2, 9, 0], dtype=torch.int32).cuda()
+    L = sum(qs)
+    xbc = torch.randn(L, Dc, generator=gen).to(torch.bfloat16).cuda()
+    w = torch.randn(Dc, k, generator=gen).cuda()
+    b = torch.randn(Dc, generator=gen).cuda()
+    w1, w2 = win.clone(), win.clone()
+    o1 = torch.full((L, Dc), 7.0, dtype=torch.bfloat16, device=DEV)
+    o2 = o1.clone()
+    ref.conv_update(w1, shift, xbc, w, b, ids, cu, o1)
+    tcv.conv_update(w2, shift, xbc, w, b, ids, cu, o2)
+    assert torch.equal(w1, w2)
+    assert rel(o2, o1) < 5e-3
+
+
+# -- manager level and CUDA graphs ----------------------------------------------------------
+
+
+def _geom(layers=2):
+    return Mamba2Geometry(num_heads=128, head_dim=64, state_size=128, n_groups=8, conv_kernel=4,
+                          num_layers=layers, state_dtype=torch.float32, act_dtype=torch.bfloat16)
+
+
+class _Model:
+    """Static buffers and parameters of a toy hybrid step: conv, split into x/B/C, verify."""
+
+    def __init__(self, g: Mamba2Geometry, rows: int, T: int, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        H, P, N, G, Dc, k = g.heads_per_rank, g.head_dim, g.state_size, g.groups_per_rank, g.conv_dim_per_rank, g.conv_kernel
+        L = rows * T
+        self.g, self.L, self.gen = g, L, gen
+        self.params = [dict(A=-(torch.rand(H, generator=gen) + 0.3).cuda(), D=torch.randn(H, generator=gen).cuda(),
+                            dt_bias=(torch.randn(H, generator=gen) * 0.3).cuda(),
+                            w=(torch.randn(Dc, k, generator=gen) * 0.5).cuda(),
+                            b=(torch.randn(Dc, generator=gen) * 0.1).cuda()) for _ in range(g.num_layers)]
+        self.xBC = torch.zeros(g.num_layers, L, Dc, dtype=torch.bfloat16, device=DEV)
+        self.dt = torch.zeros(g.num_layers, L, H, device=DEV)
+        self.z = torch.zeros(g.num_layers, L, H, P, dtype=torch.bfloat16, device=DEV)
+        self.conv_out = torch.zeros(g.num_layers, L, Dc, dtype=torch.bfloat16, device=DEV)
+        self.y = torch.zeros(g.num_layers, L, H, P, dtype=torch.bfloat16, device=DEV)
+
+    def fill(self):
+        g = self.gen
+        self.xBC.copy_(torch.randn(self.xBC.shape, generator=g))
+        self.dt.copy_(torch.randn(self.dt.shape, generator=g) * 0.5 - 0.5)
+        self.z.copy_(torch.randn(self.z.shape, generator=g))
+
+    def body(self, m: StateManager):
+        g = self.g
+        H, P, N, G = g.heads_per_rank, g.head_dim, g.state_size, g.groups_per_rank
+
+        def run(plan):
+            L = plan.total_tokens
+            for layer, prm in enumerate(self.params):
+                xbc = m.conv(layer, plan, self.xBC[layer, :L], prm["w"], prm["b"], out=self.conv_out[layer, :L])
+                x = xbc[:, : H * P].view(L, H, P)
+                B = xbc[:, H * P: H * P + G * N].view(L, G, N)
+                C = xbc[:, H * P + G * N:].view(L, G, N)
+                m.verify(layer, plan, x, self.dt[layer, :L], B, C, prm["A"], D=prm["D"], dt_bias=prm["dt_bias"],
+                         z=self.z[layer, :L], out=self.y[layer, :L])
+        return run
+
+
+def _managers(layers, W, T, pages, rows):
+    g = _geom(layers)
+    layout = PageLayout.replay(g, SpecConfig(T - 1, window=W))
+    mt = StateManager(layout, pages, device=DEV, backend="triton", max_batch=rows)
+    mr = StateManager(layout, pages, device=DEV, backend="reference", max_batch=rows)
+    return g, mt, mr
+
+
+def _admit_all(g, mt, mr, n, gen):
+    ids = [f"r{i}" for i in range(n)]
+    for rid in ids:
+        mt.admit(rid)
+        mr.admit(rid)
+        for layer in range(g.num_layers):
+            S = torch.randn(g.heads_per_rank, g.head_dim, g.state_size, generator=gen).cuda() * 0.3
+            conv = torch.randn(g.conv_dim_per_rank, g.conv_kernel - 1, generator=gen).cuda()
+            mt.write_state(rid, layer, S, conv)
+            mr.write_state(rid, layer, S, conv)
+    return ids
+
+
+def _compare_managers(g, mt, mr, ids, tol=2e-2):
+    assert torch.equal(mt.cache.cursors, mr.cache.cursors)
+    for rid in ids:
+        for layer in range(g.num_layers):
+            assert rel(mt.read_state(rid, layer), mr.read_state(rid, layer)) < tol
+            assert rel(mt.read_conv(rid, layer), mr.read_conv(rid, layer)) < tol
+
+
+def test_manager_schedule_gpu():
+    """Lockstep: random uniform and ragged steps, device counts, rollback, materialize."""
+    W, T, rows = 16, 4, 6
+    g, mt, mr = _managers(2, W, T, 10, rows)
+    gen = torch.Generator().manual_seed(1)
+    ids = _admit_all(g, mt, mr, 5, gen)
+    mod_t, mod_r = _Model(g, rows, T, 2), _Model(g, rows, T, 2)
+    rng = torch.Generator().manual_seed(9)
+    for step in range(10):
+        sub = ids[: 1 + step % len(ids)]
+        qs = torch.randint(1, T + 1, (len(sub),), generator=rng).tolist()
+        acc = [int(torch.randint(0, q + 1, (1,), generator=rng)) for q in qs]
+        plans = [m.begin_step(sub, qs, pad_to=rows) for m in (mt, mr)]
+        L = plans[0].total_tokens
+        for mod, m, plan in ((mod_t, mt, plans[0]), (mod_r, mr, plans[1])):
+            mod.fill()
+            mod.body(m)(plan)
+        assert rel(mod_t.y[:, :L], mod_r.y[:, :L]) < 2e-2
+        if step % 4 == 3:
+            mt.rollback(plans[0]), mr.rollback(plans[1])
+        else:
+            mt.commit(plans[0], torch.tensor(acc, dtype=torch.int32, device=DEV))
+            mr.commit(plans[1], acc)
+        if step == 6:
+            mt.materialize(ids[:3]), mr.materialize(ids[:3])
+        _compare_managers(g, mt, mr, ids)
+    mt.raise_device_errors()
+
+
+def test_cuda_graph_decode_step():
+    from ssmstate.cuda_graph import DecodeStepGraph
+
+    W, T, rows, layers = 16, 4, 8, 2
+    g, mt, mr = _managers(layers, W, T, 10, rows)
+    gen = torch.Generator().manual_seed(4)
+    ids = _admit_all(g, mt, mr, 5, gen)
+    mod_t, mod_r = _Model(g, rows, T, 3), _Model(g, rows, T, 3)
+    acc_buf = torch.zeros(rows, dtype=torch.int32, device=DEV)
+    graph = DecodeStepGraph(mt, rows, T, mod_t.body(mt), acc_buf)
+    rng = torch.Generator().manual_seed(8)
+    for step in range(8):
+        acc = torch.randint(0, T + 1, (len(ids),), generator=rng).tolist()
+        acc_buf.zero_()
+        acc_buf[: len(ids)] = torch.tensor(acc, dtype=torch.int32)
+        mod_t.fill()
+        mod_r.fill()
+        plan_r = mr.begin_step(ids, T, pad_to=rows)
+        mod_r.body(mr)(plan_r)
+        mr.commit(plan_r, acc)
+        plan_t = graph.capture(ids) if step == 0 else graph.step(ids)
+        assert plan_t.committed
+        assert rel(mod_t.y[:, : len(ids) * T], mod_r.y[:, : len(ids) * T]) < 2e-2
+        _compare_managers(g, mt, mr, ids)
+    mt.raise_device_errors()
+    # a bad count rolls the whole step back on the device (as a commit of 0) and raises later
+    acc_buf.zero_()
+    acc_buf[0] = T + 1
+    mod_t.fill()
+    mod_r.fill()
+    plan_r = mr.begin_step(ids, T, pad_to=rows)
+    mod_r.body(mr)(plan_r)
+    mr.commit(plan_r, 0)
+    graph.step(ids)
+    _compare_managers(g, mt, mr, ids)
+    with pytest.raises(Exception, match="out of range"):
+        mt.raise_device_errors()

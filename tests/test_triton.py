@@ -1,0 +1,300 @@
+"""Triton backend against the PyTorch reference on CPU, under the Triton interpreter.
+
+Kernel level: random pools and cursors (both routes, padding rows, acceptance 0
+and q, non-power-of-two P and N, W up to 32, T up to 8, fp32/bf16 state,
+fp32/bf16/fp16 inputs) — outputs, checkpoint, rings, conv window and cursors
+compared. Manager level: a reference and a triton StateManager driven in
+lockstep through random schedules. Also: no host sync inside verify/commit,
+and check() errors.
+
+TRITON_INTERPRET=1 must be set before Triton's kernels are decorated; the
+module sets it, or skips when a compiled-mode import already happened (or a
+GPU is present without the variable: tests/gpu/test_triton_gpu.py covers it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("GPU present: the Triton backend is tested compiled in tests/gpu/", allow_module_level=True)
+if "ssmstate.kernels.triton_replay" in sys.modules and not sys.modules["ssmstate.kernels.triton_replay"].INTERPRETED:
+    pytest.skip("Triton kernels were imported in compiled mode before this module", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"
+triton = pytest.importorskip("triton")
+
+from hypothesis import HealthCheck, Phase, example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from ssmstate import (  # noqa: E402
+    BackendUnavailableError, Mamba2Geometry, PageLayout, SpecConfig, StateManager,
+)
+from ssmstate.kernels import reference as ref  # noqa: E402
+from ssmstate.kernels import triton_conv as tcv  # noqa: E402
+from ssmstate.kernels import triton_replay as trk  # noqa: E402
+from tests.test_triton_common import compare_verify, make_case, rel, run_verify  # noqa: E402
+
+# No shrinking: the interpreter is slow and a failing example is reported as drawn.
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+                phases=[Phase.explicit, Phase.reuse, Phase.generate])
+TOL = {torch.float32: 2e-5, torch.bfloat16: 1.5e-2, torch.float16: 4e-3}
+
+
+@st.composite
+def verify_cases(draw):
+    G = draw(st.sampled_from([1, 2]))
+    H = G * draw(st.sampled_from([1, 2]))
+    T = draw(st.integers(1, 8))
+    W = draw(st.integers(T, 32))
+    rows = draw(st.integers(1, 3))
+    return dict(
+        H=H, G=G, P=draw(st.sampled_from([16, 8, 24])), N=draw(st.sampled_from([16, 32, 24])), W=W, T=T,
+        rows=rows + 1, n_pad=draw(st.integers(0, 1)) if rows > 1 else 1,
+        route=draw(st.sampled_from(["mixed", "flush", "nonflush"])),
+        state_dtype=draw(st.sampled_from([torch.float32, torch.float32, torch.bfloat16])),
+        act_dtype=draw(st.sampled_from([torch.float32, torch.float32, torch.bfloat16, torch.float16])),
+        extras=draw(st.booleans()),
+        config=draw(st.sampled_from([None, {"HB": 1, "BLOCK_P": 16, "FOLD_N": 16}])),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(verify_cases())
+@example(dict(H=2, G=1, P=16, N=16, W=32, T=8, rows=3, n_pad=1, route="flush", state_dtype=torch.float32,
+              act_dtype=torch.float32, extras=True, config={"HB": 1, "BLOCK_P": 16, "FOLD_N": 16}, seed=1))
+@example(dict(H=2, G=2, P=24, N=24, W=32, T=8, rows=2, n_pad=0, route="nonflush", state_dtype=torch.float32,
+              act_dtype=torch.float32, extras=True, config=None, seed=2))
+@example(dict(H=4, G=2, P=16, N=32, W=4, T=4, rows=3, n_pad=1, route="mixed", state_dtype=torch.float32,
+              act_dtype=torch.float32, extras=False, config=None, seed=3))
+def test_verify_matches_reference(c):
+    gen = torch.Generator().manual_seed(c["seed"])
+    case = make_case(gen, "cpu", pages=c["rows"] + 2, H=c["H"], G=c["G"], P=c["P"], N=c["N"], W=c["W"], T=c["T"],
+                     rows=c["rows"], n_pad=c["n_pad"], state_dtype=c["state_dtype"], act_dtype=c["act_dtype"],
+                     extras=c["extras"], route=c["route"])
+    got = run_verify(trk.replay_verify, case, config=c["config"])
+    want = run_verify(ref.replay_verify, case)
+    state_tol = TOL[torch.float32] if c["state_dtype"] == torch.float32 else TOL[c["state_dtype"]]
+    compare_verify(case, got, want, out_tol=TOL[c["act_dtype"]], state_tol=state_tol)
+
+
+@pytest.mark.parametrize("route", ["flush", "nonflush"])
+def test_verify_each_route_and_full_rows(route):
+    """Every row of one route, every row of length T (acceptance of the whole window follows)."""
+    gen = torch.Generator().manual_seed(7)
+    T = 4
+    case = make_case(gen, "cpu", pages=6, H=2, G=1, P=16, N=16, W=8, T=T, rows=4, n_pad=1, route=route,
+                     qs=[T] * 4)
+    flushed = [int(case["num_committed"][p]) + T > 8 for p in case["page_ids"].tolist() if p]
+    assert all(flushed) if route == "flush" else not any(flushed)
+    compare_verify(case, run_verify(trk.replay_verify, case), run_verify(ref.replay_verify, case),
+                   out_tol=2e-5, state_tol=2e-5)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(st.integers(0, 2**16), st.integers(1, 8), st.integers(0, 24), st.booleans(), st.booleans(), st.booleans())
+def test_commit_matches_reference(seed, T, extra_w, bad, short_counts, update_conv):
+    gen = torch.Generator().manual_seed(seed)
+    W = T + extra_w
+    R, pages, rows = W + T, 12, 6
+    cur = torch.stack([
+        torch.randint(0, R, (pages,), generator=gen), torch.randint(0, W + 1, (pages,), generator=gen),
+        torch.randint(1, T + 1, (pages,), generator=gen), torch.randint(0, T + 1, (pages,), generator=gen),
+    ]).to(torch.int32)
+    ids = (torch.randperm(pages - 1, generator=gen)[:rows] + 1).to(torch.int32)
+    ids[-1] = 0
+    q = cur[2][ids.long()]
+    acc = (torch.rand(rows, generator=gen) * (q + 1).float()).floor().to(torch.int32)
+    acc[0] = 0
+    acc[1] = q[1]  # acceptance 0 and q
+    if bad:
+        acc[2] = q[2] + 1 if seed % 2 else -1
+    n_acc = rows - 1 if short_counts else rows  # the last row is padding: the counts may stop before it
+    c1, c2 = cur.clone(), cur.clone()
+    e1, e2 = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    ref.replay_commit(c1[0], c1[1], c1[2], c1[3], ids, acc, W, R, update_conv, e1)
+    trk.replay_commit(c2[0], c2[1], c2[2], c2[3], ids, acc[:n_acc].clone(), W, R, update_conv, e2)
+    assert torch.equal(c1, c2)
+    assert int(e1) == int(e2) == int(bad)
+    assert torch.equal(c2[:, 0], cur[:, 0]), "page 0 cursors were written"
+
+
+@settings(max_examples=12, **SETTINGS)
+@given(st.integers(0, 2**16), st.sampled_from([(16, 16), (24, 32), (8, 24)]), st.integers(1, 8))
+def test_materialize_matches_reference(seed, PN, T):
+    gen = torch.Generator().manual_seed(seed)
+    P, N = PN
+    case = make_case(gen, "cpu", pages=6, H=2, G=1, P=P, N=N, W=T + 8, T=T, rows=4, n_pad=1)
+    a = {k: v.clone() for k, v in case["state"].items()}
+    b = {k: v.clone() for k, v in case["state"].items()}
+    args = (case["ring_start"], case["num_committed"], case["A"], case["page_ids"])
+    ref.replay_materialize(a["checkpoint"], a["x_ring"], a["B_ring"], a["dt_ring"], *args)
+    trk.replay_materialize(b["checkpoint"], b["x_ring"], b["B_ring"], b["dt_ring"], *args)
+    assert rel(b["checkpoint"], a["checkpoint"]) < 2e-5
+    for name in ("x_ring", "B_ring", "dt_ring"):
+        assert torch.equal(b[name], case["state"][name])
+    assert bool((b["checkpoint"][0] == 0).all())
+
+
+@settings(max_examples=20, **SETTINGS)
+@given(st.integers(0, 2**16), st.integers(2, 4), st.integers(1, 8), st.sampled_from([torch.float32, torch.bfloat16]),
+       st.booleans(), st.sampled_from(["silu", None]))
+def test_conv_matches_reference(seed, k, T, dtype, with_bias, activation):
+    gen = torch.Generator().manual_seed(seed)
+    pages, Dc, rows = 7, 40, 5
+    width = k - 1 + T
+    win = torch.randn(pages, Dc, width, generator=gen).to(dtype)
+    win[0] = 0
+    shift = torch.randint(0, T + 1, (pages,), generator=gen, dtype=torch.int32)
+    qs = torch.randint(1, T + 1, (rows,), generator=gen).tolist()
+    cu = torch.tensor([0] + torch.tensor(qs).cumsum(0).tolist(), dtype=torch.int32)
+    ids = torch.tensor([3, 1, 0, 5, 6], dtype=torch.int32)
+    L = sum(qs)
+    xbc = torch.randn(L, Dc, generator=gen).to(dtype)
+    w = torch.randn(Dc, k, generator=gen)
+    bias = torch.randn(Dc, generator=gen) if with_bias else None
+    w1, w2 = win.clone(), win.clone()
+    o1 = torch.full((L, Dc), 7.0).to(dtype)
+    o2 = o1.clone()
+    ref.conv_update(w1, shift, xbc, w, bias, ids, cu, o1, activation=activation)
+    tcv.conv_update(w2, shift, xbc, w, bias, ids, cu, o2, activation=activation, block_d=16)
+    assert torch.equal(w1, w2)
+    assert rel(o2, o1) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert bool((o2[cu[2]:cu[3]] == 7.0).all()), "a padding row's conv output was written"
+
+
+# -- manager level --------------------------------------------------------------------------
+
+
+def _lockstep(geom, spec, ops, seed):
+    layout = PageLayout.replay(geom, spec)
+    mt = StateManager(layout, 6, backend="triton", max_batch=4)
+    mr = StateManager(layout, 6, backend="reference", max_batch=4)
+    H, P, N, G = geom.heads_per_rank, geom.head_dim, geom.state_size, geom.groups_per_rank
+    Dc, k = geom.conv_dim_per_rank, geom.conv_kernel
+    gen = torch.Generator().manual_seed(seed)
+    params = [dict(A=-(torch.rand(H, generator=gen) + 0.3), D=torch.randn(H, generator=gen),
+                   dt_bias=torch.randn(H, generator=gen) * 0.3, w=torch.randn(Dc, k, generator=gen) * 0.5,
+                   b=torch.randn(Dc, generator=gen) * 0.1) for _ in range(geom.num_layers)]
+    ids = []
+    for i in range(3):
+        rid = f"r{i}"
+        ids.append(rid)
+        for m in (mt, mr):
+            m.admit(rid)
+        for layer in range(geom.num_layers):
+            S = torch.randn(H, P, N, generator=gen) * 0.5
+            conv = torch.randn(Dc, k - 1, generator=gen)
+            mt.write_state(rid, layer, S, conv)
+            mr.write_state(rid, layer, S, conv)
+    T = spec.num_tokens
+    for op, sub_n, pad, q_seed in ops:
+        sub = ids[:sub_n]
+        if op == "materialize":
+            mt.materialize(sub)
+            mr.materialize(sub)
+        else:
+            g2 = torch.Generator().manual_seed(q_seed)
+            qs = torch.randint(1, T + 1, (sub_n,), generator=g2).tolist()
+            acc = [int(torch.randint(0, q + 1, (1,), generator=g2)) for q in qs]
+            acc[0] = qs[0] if q_seed % 2 else 0
+            plans = [m.begin_step(sub, qs, pad_to=sub_n + pad) for m in (mt, mr)]
+            L = plans[0].total_tokens
+            for layer, prm in enumerate(params):
+                xBC = torch.randn(L, Dc, generator=gen)
+                dt = torch.randn(L, H, generator=gen) * 0.5 - 0.5
+                z = torch.randn(L, H, P, generator=gen)
+                outs = []
+                for m, plan in zip((mt, mr), plans):
+                    xbc = m.conv(layer, plan, xBC, prm["w"], prm["b"])
+                    x = xbc[:, : H * P].reshape(L, H, P)
+                    B = xbc[:, H * P: H * P + G * N].reshape(L, G, N)
+                    C = xbc[:, H * P + G * N:].reshape(L, G, N)
+                    outs.append((xbc, m.verify(layer, plan, x, dt, B, C, prm["A"], D=prm["D"],
+                                                dt_bias=prm["dt_bias"], z=z)))
+                assert rel(outs[0][0], outs[1][0]) < 1e-5, "conv output"
+                assert rel(outs[0][1], outs[1][1]) < 5e-5, "verify output"
+            if op == "rollback":
+                mt.rollback(plans[0])
+                mr.rollback(plans[1])
+            else:
+                mt.commit(plans[0], torch.tensor(acc, dtype=torch.int32) if op == "commit_tensor" else acc)
+                mr.commit(plans[1], acc)
+        assert torch.equal(mt.cache.cursors, mr.cache.cursors)
+        for layer in range(geom.num_layers):
+            for name in ("checkpoint", "x_ring", "B_ring", "dt_ring", "conv"):
+                a, b = mt.cache.layers[layer][name], mr.cache.layers[layer][name]
+                assert rel(a, b) < 5e-5, f"{name} differs"
+            for rid in ids:
+                assert rel(mt.read_state(rid, layer), mr.read_state(rid, layer)) < 5e-5
+    mt.raise_device_errors()
+
+
+@settings(max_examples=8, **SETTINGS)
+@given(st.integers(0, 2**16), st.sampled_from([(1, 4), (3, 8), (7, 8)]), st.sampled_from([1, 2]),
+       st.lists(st.tuples(st.sampled_from(["commit", "commit", "commit_tensor", "rollback", "materialize"]),
+                          st.integers(1, 3), st.integers(0, 1), st.integers(0, 2**16)), min_size=3, max_size=6))
+def test_manager_lockstep(seed, KW, layers, ops):
+    K, W = KW
+    geom = Mamba2Geometry(num_heads=2, head_dim=16, state_size=16, n_groups=1, conv_kernel=4, num_layers=layers,
+                          state_dtype=torch.float32, act_dtype=torch.float32)
+    _lockstep(geom, SpecConfig(K, window=W), ops, seed)
+
+
+# -- contract: no host sync, errors -----------------------------------------------------------
+
+
+def test_verify_and_commit_never_sync(monkeypatch):
+    gen = torch.Generator().manual_seed(0)
+    case = make_case(gen, "cpu", pages=5, H=2, G=1, P=16, N=16, W=8, T=4, rows=3, n_pad=1)
+
+    def boom(*a, **k):
+        raise AssertionError("host sync inside a Triton wrapper")
+
+    monkeypatch.setattr(torch.Tensor, "tolist", boom)
+    monkeypatch.setattr(torch.Tensor, "item", boom)
+    monkeypatch.setattr(torch.Tensor, "__bool__", boom)
+    monkeypatch.setattr(torch.Tensor, "__int__", boom)
+    st_ = {k: v.clone() for k, v in case["state"].items()}
+    out = torch.zeros_like(case["x"])
+    trk.replay_verify(st_["checkpoint"], st_["x_ring"], st_["B_ring"], st_["dt_ring"], case["ring_start"],
+                      case["num_committed"], case["x"], case["dt"], case["A"], case["B"], case["C"],
+                      case["page_ids"], case["cu_seqlens"], case["W"], out)
+    cur = torch.zeros(4, 5, dtype=torch.int32)
+    trk.replay_commit(cur[0], cur[1], cur[2], cur[3], case["page_ids"], torch.zeros(3, dtype=torch.int32),
+                      8, 12, True, torch.zeros(1, dtype=torch.int32))
+
+
+def _geom(**kw):
+    base = dict(num_heads=2, head_dim=16, state_size=16, n_groups=1, conv_kernel=4, num_layers=1)
+    base.update(kw)
+    return Mamba2Geometry(**base)
+
+
+def test_check_rejects_what_it_cannot_serve():
+    from ssmstate.kernels.triton_backend import TritonBackend
+
+    be = TritonBackend()
+    be.check(PageLayout.replay(_geom(), SpecConfig(3)), torch.device("cpu"))
+    with pytest.raises(BackendUnavailableError, match="replay layout only"):
+        be.check(PageLayout.native(_geom(), SpecConfig(3)), torch.device("cpu"))
+    with pytest.raises(BackendUnavailableError, match="head_dim"):
+        be.check(PageLayout.replay(_geom(head_dim=512), SpecConfig(3)), torch.device("cpu"))
+    with pytest.raises(BackendUnavailableError, match="T = 1 \\+ K"):
+        be.check(PageLayout.replay(_geom(), SpecConfig(16, window=20)), torch.device("cpu"))
+    with pytest.raises(BackendUnavailableError, match="ring length"):
+        be.check(PageLayout.replay(_geom(), SpecConfig(3, window=130)), torch.device("cpu"))
+    with pytest.raises(BackendUnavailableError):
+        StateManager(PageLayout.native(_geom(), SpecConfig(1)), 4, backend="triton")
+
+
+def test_check_cpu_needs_the_interpreter(monkeypatch):
+    from ssmstate.kernels.triton_backend import TritonBackend
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(BackendUnavailableError, match="TRITON_INTERPRET=1"):
+        TritonBackend().check(PageLayout.replay(_geom(), SpecConfig(3)), torch.device("cpu"))
