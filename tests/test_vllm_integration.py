@@ -171,6 +171,26 @@ def test_spec_page_is_the_layout_page_on_both_sizing_paths(vllm_mod, configs):
     assert configs[(False, 8192)].cache_config.block_size == plan.vllm_native.block_size
 
 
+def test_entry_point_declared_and_loadable(vllm_mod):
+    """pyproject declares the plugin; where ssmstate is installed, vLLM's own loader finds it."""
+    import tomllib
+    from importlib import metadata
+    from pathlib import Path
+
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert pyproject["project"]["entry-points"][DEFAULT_PLUGINS_GROUP] == {
+        "ssmstate": "ssmstate.integrations.vllm:register"}
+    try:
+        metadata.distribution("ssmstate")
+    except metadata.PackageNotFoundError:
+        pytest.skip("ssmstate is not installed (pip install -e .): vLLM cannot discover its entry point")
+    plugins = load_plugins_by_group(DEFAULT_PLUGINS_GROUP)
+    assert plugins["ssmstate"] is vllm_mod.register
+    plugins["ssmstate"]()  # idempotent: a second registration in the same process changes nothing
+
+
 def test_switch_and_model_state_hook(vllm_mod, configs):
     sv = vllm_mod
     from vllm.v1.worker.gpu.model_states.mamba_hybrid import MambaHybridModelState
@@ -300,7 +320,10 @@ def _common_metadata(rows, block_size):
     )
 
 
-def test_builder_metadata_to_plan_and_step_loop_matches_oracle(vllm_mod, configs):
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_builder_metadata_to_plan_and_step_loop_matches_oracle(vllm_mod, configs, backend):
+    """``triton`` runs where the Triton interpreter is active (TRITON_INTERPRET=1 before ssmstate's
+    kernels are imported, as tests/test_triton.py arranges in a full run): strided vLLM page views."""
     sv = vllm_mod
     from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadataBuilder
     from vllm.v1.core.block_pool import BlockPool
@@ -326,7 +349,15 @@ def test_builder_metadata_to_plan_and_step_loop_matches_oracle(vllm_mod, configs
     raws = [torch.zeros((num_blocks, 1, 1, page_bytes), dtype=torch.int8) for _ in names]
     views = [sv.page_views(layout, raw) for raw in raws]
     cursors = torch.zeros((4, num_blocks), dtype=torch.int32)
-    group = sv.attach_group(0, names, layout, views, cursors, torch.device("cpu"), "reference", max_batch)
+    if backend == "triton":
+        from ssmstate.backends import get_backend
+        from ssmstate.errors import BackendUnavailableError
+
+        try:
+            get_backend("triton").check(layout, torch.device("cpu"))
+        except BackendUnavailableError as exc:
+            pytest.skip(f"triton backend unavailable here: {exc}")
+    group = sv.attach_group(0, names, layout, views, cursors, torch.device("cpu"), backend, max_batch)
     runtime = sv.VllmStateRuntime([group], torch.device("cpu"), max_batch)
     manager = group.manager
 
@@ -359,7 +390,7 @@ def test_builder_metadata_to_plan_and_step_loop_matches_oracle(vllm_mod, configs
     def err(a, b):
         return float((a.double() - b).abs().max())
 
-    for step in range(40):
+    for step in range(40 if backend == "reference" else 24):
         # Finish some decoding requests; admit new ones while blocks last.
         for rid in [r for r, st in active.items() if st["decoding"] and rng.random() < 0.12]:
             mgr.free(rid)
@@ -523,3 +554,149 @@ def test_external_plan_refusals(vllm_mod):
         m.commit(plan, [1, 1])
     m.rollback(plan)
     assert torch.equal(cursors, before)
+
+
+# -- vLLM's own MambaMixer2 constructor builds our layer; its decode path vs the oracle -------------
+
+TINY = {
+    "model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "hidden_size": 64,
+    "num_hidden_layers": 4, "hybrid_override_pattern": "M*M-", "mamba_num_heads": 4, "mamba_head_dim": 8,
+    "ssm_state_size": 8, "n_groups": 2, "conv_kernel": 4, "chunk_size": 128, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "torch_dtype": "float32",
+    "vocab_size": 256, "intermediate_size": 128, "rms_norm_eps": 1e-5, "layer_norm_epsilon": 1e-5,
+    "mamba_hidden_act": "silu", "mlp_hidden_act": "relu2", "use_conv_bias": True, "use_bias": False,
+    "residual_in_fp32": False, "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
+}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_real_mixer_layers_decode_through_ssmstate(vllm_mod, tmp_path):
+    """vLLM's ``MambaMixer2(...)`` yields SSMStateMambaMixer2; its ``conv_ssm_forward`` on decode batches
+    (vLLM-built metadata, padding rows, bound vLLM-style pages, runtime attached from a KVCacheConfig)
+    matches the serial oracle step after step."""
+    sv = vllm_mod
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.forward_context import set_forward_context
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+    from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadataBuilder
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    from oracle import SerialOracle
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    vc = EngineArgs(model=str(tmp_path), skip_tokenizer_init=True, max_model_len=512, enable_prefix_caching=False,
+                    dtype="float32", enforce_eager=True,
+                    speculative_config={"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 4,
+                                        "prompt_lookup_min": 2}).create_engine_config()
+    H, P, N, G, k = 4, 8, 8, 2, 4
+    di, Dc = H * P, H * P + 2 * G * N
+    names = ["model.layers.0.mixer", "model.layers.2.mixer"]
+    num_blocks, max_batch = 10, 8
+    gen = torch.Generator().manual_seed(1)
+    rng = random.Random(1)
+    with set_current_vllm_config(vc):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
+        initialize_model_parallel(1, 1)
+        try:
+            layers = [MambaMixer2(hidden_size=64, ssm_state_size=N, conv_kernel_size=k, intermediate_size=di,
+                                  use_conv_bias=True, use_bias=False, n_groups=G, num_heads=H, head_dim=P,
+                                  model_config=vc.model_config, cache_config=vc.cache_config, prefix=name)
+                      for name in names]
+        finally:
+            destroy_model_parallel()
+            destroy_distributed_environment()
+    assert all(type(lyr) is sv.SSMStateMambaMixer2 and lyr.ssmstate_enabled for lyr in layers)
+    with torch.no_grad():
+        for lyr in layers:
+            lyr.A.copy_(-(0.5 + torch.rand(H, generator=gen)))
+            lyr.D.copy_(torch.randn(H, generator=gen))
+            lyr.dt_bias.copy_(torch.randn(H, generator=gen) * 0.5)
+            lyr.conv_weights.copy_(torch.randn(Dc, k, generator=gen) * 0.5)
+            lyr.conv1d.bias.copy_(torch.randn(Dc, generator=gen) * 0.1)
+    spec = layers[0].get_kv_cache_spec(vc)
+    assert isinstance(spec, sv.SSMStateMambaSpec) and spec.num_speculative_blocks == 0
+    for lyr in layers:
+        lyr.bind_kv_cache(torch.zeros((num_blocks, 1, 1, spec.page_size_bytes), dtype=torch.int8))
+    kcc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(names, spec)])
+    runtime = sv.VllmStateRuntime.from_kv_cache_config(kcc, dict(zip(names, layers)), torch.device("cpu"),
+                                                       "reference", max_batch)
+    builder = Mamba2AttentionMetadataBuilder(spec, names, vc, torch.device("cpu"))
+    pool = BlockPool(num_gpu_blocks=num_blocks, enable_caching=False, hash_block_size=spec.block_size)
+    mgr = MambaManager(spec, pool, enable_caching=False, kv_cache_group_id=0, scheduler_block_size=spec.block_size)
+    oracle = SerialOracle(len(layers), H, P, N, G, Dc, k)
+
+    active: dict[str, dict] = {}
+    worst, flushes, pads = 0.0, 0, 0
+    for step in range(24):
+        for rid in [r for r in active if rng.random() < 0.1]:
+            mgr.free(rid)
+            oracle.release(rid)
+            del active[rid]
+        while len(active) < 5 and pool.get_num_free_blocks() > 0:
+            rid = f"q{step}_{len(active)}"
+            block = mgr.allocate_new_blocks(rid, 8 + K, 8 + K)[0].block_id
+            runtime.reset_blocks(([block],))
+            oracle.admit(rid)
+            for li, lyr in enumerate(layers):  # what vLLM's prefill kernels leave in the page
+                S0, hist = torch.randn(H, P, N, generator=gen) * 0.3, torch.randn(Dc, k - 1, generator=gen)
+                lyr.ssmstate_views["checkpoint"][block] = S0
+                lyr.ssmstate_views["conv"][block, :, -(k - 1):] = hist
+                oracle.write_state(rid, li, S0, hist)
+            active[rid] = {"block": block, "computed": 8}
+        order = list(active)
+        qs = [1 + rng.randint(0, K) for _ in order]
+        pad = rng.randint(0, max_batch - len(order))
+        pads += pad
+        rows = [(active[r]["block"], active[r]["computed"], q, False) for r, q in zip(order, qs)]
+        rows += [(0, 0, 0, False)] * pad
+        common = _common_metadata(rows, spec.block_size)
+        md = builder.build(0, common, num_accepted_tokens=torch.ones(len(rows), dtype=torch.int32),
+                           num_decode_draft_tokens_cpu=torch.tensor([q - 1 for q in qs] + [0] * pad,
+                                                                    dtype=torch.int32))
+        metadata = {name: md for name in names}
+        runtime.begin_step(metadata, common.query_start_loc_cpu)
+        flushes += sum(int(runtime.groups[0].manager.cache.num_committed[active[r]["block"]]) + q > 16
+                       for r, q in zip(order, qs))
+        nt = sum(qs)
+        cu = common.query_start_loc_cpu.tolist()
+        with set_forward_context(metadata, vc), torch.no_grad():
+            for li, lyr in enumerate(layers):
+                projected = torch.randn(nt, 2 * di + 2 * G * N + H, generator=gen)
+                out = torch.zeros(nt, di)
+                lyr.conv_ssm_forward(projected, out)
+                xBC, dt = projected[:, di: di + Dc], projected[:, di + Dc:]
+                for i, r in enumerate(order):
+                    lo, hi = cu[i], cu[i + 1]
+                    conv = oracle.conv_step(r, li, xBC[lo:hi], lyr.conv_weights, lyr.conv1d.bias).float()
+                    want = oracle.verify(r, li, conv[:, :di].reshape(-1, H, P), dt[lo:hi],
+                                         conv[:, di: di + G * N].reshape(-1, G, N),
+                                         conv[:, di + G * N:].reshape(-1, G, N), lyr.A, D=lyr.D,
+                                         dt_bias=lyr.dt_bias)
+                    worst = max(worst, float((out[lo:hi].double() - want.reshape(hi - lo, di)).abs().max()))
+        accepted = [rng.randint(1, q) for q in qs]
+        runtime.commit(torch.tensor(accepted + [0] * pad, dtype=torch.int32))  # postprocess_state
+        for r, a in zip(order, accepted):
+            oracle.commit(r, a)
+            active[r]["computed"] += a
+    print(f"real MambaMixer2 layers: worst abs error {worst:.2e}, {flushes} flush rows, {pads} padding rows")
+    assert worst < 1e-3, worst
+    assert flushes > 0 and pads > 0
+    for rid in list(active):
+        mgr.free(rid)
