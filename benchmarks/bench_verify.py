@@ -59,11 +59,11 @@ SMOKE = False  # --cpu-smoke: the whole script on CPU under the Triton interpret
 ACCEPT_P = 0.7
 #: launch configurations tried by --sweep (one head per program; see docs/performance.md)
 SWEEP = [
-    {"BLOCK_P": 64, "HB": 1, "num_warps": 4, "FOLD_N": 16},
-    {"BLOCK_P": 64, "HB": 1, "num_warps": 8, "FOLD_N": 16},
-    {"BLOCK_P": 32, "HB": 1, "num_warps": 4, "FOLD_N": 16},
-    {"BLOCK_P": 32, "HB": 1, "num_warps": 8, "FOLD_N": 16},
-    {"BLOCK_P": 16, "HB": 1, "num_warps": 4, "FOLD_N": 16},
+    {"BLOCK_P": 64, "num_warps": 4, "FOLD_N": 16},
+    {"BLOCK_P": 64, "num_warps": 8, "FOLD_N": 16},
+    {"BLOCK_P": 32, "num_warps": 4, "FOLD_N": 16},
+    {"BLOCK_P": 32, "num_warps": 8, "FOLD_N": 16},
+    {"BLOCK_P": 16, "num_warps": 4, "FOLD_N": 16},
 ]
 
 

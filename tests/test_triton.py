@@ -58,7 +58,7 @@ def verify_cases(draw):
         state_dtype=draw(st.sampled_from([torch.float32, torch.float32, torch.bfloat16])),
         act_dtype=draw(st.sampled_from([torch.float32, torch.float32, torch.bfloat16, torch.float16])),
         extras=draw(st.booleans()),
-        config=draw(st.sampled_from([None, {"HB": 1, "BLOCK_P": 16, "FOLD_N": 16}])),
+        config=draw(st.sampled_from([None, {"BLOCK_P": 16, "FOLD_N": 16}])),
         seed=draw(st.integers(0, 2**16)),
     )
 
@@ -66,7 +66,7 @@ def verify_cases(draw):
 @settings(max_examples=40, **SETTINGS)
 @given(verify_cases())
 @example(dict(H=2, G=1, P=16, N=16, W=32, T=8, rows=3, n_pad=1, route="flush", state_dtype=torch.float32,
-              act_dtype=torch.float32, extras=True, config={"HB": 1, "BLOCK_P": 16, "FOLD_N": 16}, seed=1))
+              act_dtype=torch.float32, extras=True, config={"BLOCK_P": 16, "FOLD_N": 16}, seed=1))
 @example(dict(H=2, G=2, P=24, N=24, W=32, T=8, rows=2, n_pad=0, route="nonflush", state_dtype=torch.float32,
               act_dtype=torch.float32, extras=True, config=None, seed=2))
 @example(dict(H=4, G=2, P=16, N=32, W=4, T=4, rows=3, n_pad=1, route="mixed", state_dtype=torch.float32,

@@ -5,17 +5,19 @@ Each public function has the signature of its PyTorch twin in
 optional trailing ``config`` to override the launch heuristic.
 
 Verify, one program per (row, head, P tile), streams the checkpoint tile
-``S0`` (P x N) once and never forms an intermediate state:
+``S0`` (P x N) once (its load is issued first: it needs only the page) and
+never forms an intermediate state:
 
 * the row's sequence is ``c`` history rows from the ring followed by the ``q``
   new tokens (``c + q <= R``), indexed ``k``; every ring row, history or
   appended, lives at ``(ring_start + k) % R``;
+* outputs, on both routes: ``Y = X_seqᵀ F + (S0 Cᵀ) * exp(A Λ_w)`` with the
+  causal factor matrix ``F[k, s] = (B_k·C_s) dt_k exp(A (Λ_{c+s} - Λ_k))``
+  (the flush route's "outputs from S1 + new rows" is the same quantity);
 * the flush decision ``c + q > W`` is taken per row on the device from the
-  cursors, so one launch serves a mixed batch and nothing syncs;
-* non-flush: ``Y = X_seqᵀ F + (S0 Cᵀ) * exp(A Λ_w)`` with the causal factor
-  matrix ``F[k, s] = (B_k·C_s) dt_k exp(A (Λ_{c+s} - Λ_k))``;
-* flush: the history is folded first (``S1 = e^{AΛ_h} S0 + (X_h w)ᵀ B_h``),
-  ``S1`` is stored, and the same formula runs with the history masked out.
+  cursors; a flush row also folds the history into the checkpoint
+  (``S1 = e^{AΛ_h} S0 + (X_h w)ᵀ B_h``, N chunk by N chunk) and stores it, so
+  one launch serves a mixed batch and nothing syncs.
 
 All math is fp32 (loads are upcast first, which also keeps the CPU
 interpreter exact); on the GPU the small products use tensor cores (tf32 for
@@ -26,7 +28,6 @@ once and write nothing.
 from __future__ import annotations
 
 import functools
-import math
 import os
 from typing import Any
 
@@ -80,17 +81,17 @@ def _replay_verify_kernel(
     s_C_t, s_C_g, s_C_n,
     s_z_t, s_z_h, s_z_p,
     s_o_t, s_o_h, s_o_p,
-    NPT: tl.constexpr, HPG: tl.constexpr, HB: tl.constexpr,
+    NPT: tl.constexpr, HPG: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr, FOLD_N: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PREC: tl.constexpr, FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, NATIVE_G: tl.constexpr,
 ):
-    # One program: one row, HB heads of one group, one tile of BLOCK_P head-dim rows.
+    # One program: one row, one head, one tile of BLOCK_P head-dim rows.
     pid = tl.program_id(0)
     row = tl.program_id(1)
     pt = pid % NPT
-    h0 = (pid // NPT).to(tl.int64) * HB
-    g = h0 // HPG
+    h = (pid // NPT).to(tl.int64)
+    g = h // HPG
     page = tl.load(page_ptr + row).to(tl.int64)
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
@@ -102,8 +103,13 @@ def _replay_verify_kernel(
             offs_n = offs_n.to(tl.int64)
         mp = offs_p < P
         mn = offs_n < N
+        mS = mp[:, None] & mn[None, :]
+        # The checkpoint tile is most of the traffic and needs only the page: issue it first.
+        ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p + offs_n[None, :] * s_ck_n
+        S = tl.load(ck, mask=mS, other=0.0).to(tl.float32)
         c = tl.load(nc_ptr + page)
         rs = tl.load(rs_ptr + page)
+        A = tl.load(A_ptr + h).to(tl.float32)
         flush = c + q > window
 
         # the row's sequence: c history rows from the ring, then the q window tokens
@@ -121,7 +127,7 @@ def _replay_verify_kernel(
             tw = tw.to(tl.int64)
         pos = c + ss  # sequence position of window token s
 
-        # group level: G[k, s] = B_k . C_s, shared by the HB heads
+        # G[k, s] = B_k . C_s
         Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
         mBh = is_hist[:, None] & mn[None, :]
         mBn = is_new[:, None] & mn[None, :]
@@ -134,76 +140,70 @@ def _replay_verify_kernel(
             G = tl.dot(tl.where(mBh, bh, bn_raw), tl.trans(Cw_raw))
         else:
             G = tl.dot(bh.to(tl.float32) + bn_raw.to(tl.float32), CT, input_precision=DOT_PREC)  # (BLOCK_K, BLOCK_S)
-        if (pt == 0) & (h0 % HPG == 0):  # append the window's B rows to the ring, once per group
+        if (pt == 0) & (h % HPG == 0):  # append the window's B rows to the ring, once per group
             tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
                      bn_raw.to(Br_ptr.dtype.element_ty), mask=mBn)
         causal = (kk < c + q)[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
         mo = mp[:, None] & ms[None, :]
-        mS = mp[:, None] & mn[None, :]
 
-        for j in tl.range(0, HB):
-            h = h0 + j
-            A = tl.load(A_ptr + h).to(tl.float32)
-            ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p + offs_n[None, :] * s_ck_n
-            S = tl.load(ck, mask=mS, other=0.0).to(tl.float32)
-            # processed dt over the sequence
-            dth = tl.load(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
-            dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
-            if HAS_DTB:
-                dtn += tl.load(dtb_ptr + h).to(tl.float32)
-            if DT_SOFTPLUS:
-                dtn = _softplus(dtn)
-            dtn = tl.where(is_new, dtn, 0.0)
-            dtp = tl.where(is_hist, dth, dtn)
-            # x over the sequence, transposed: (BLOCK_P, BLOCK_K)
-            xr_base = xr_ptr + page * s_xr_pg + h * s_xr_h
-            xh = tl.load(xr_base + ring[None, :] * s_xr_r + offs_p[:, None] * s_xr_p,
-                         mask=mp[:, None] & is_hist[None, :], other=0.0)
-            xn_raw = tl.load(x_ptr + tok[None, :] * s_x_t + h * s_x_h + offs_p[:, None] * s_x_p,
-                             mask=mp[:, None] & is_new[None, :], other=0.0)
-            XT = xh.to(tl.float32) + xn_raw.to(tl.float32)
+        # processed dt over the sequence
+        dth = tl.load(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
+        dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
+        if HAS_DTB:
+            dtn += tl.load(dtb_ptr + h).to(tl.float32)
+        if DT_SOFTPLUS:
+            dtn = _softplus(dtn)
+        dtn = tl.where(is_new, dtn, 0.0)
+        dtp = tl.where(is_hist, dth, dtn)
+        # x over the sequence, transposed: (BLOCK_P, BLOCK_K)
+        xr_base = xr_ptr + page * s_xr_pg + h * s_xr_h
+        xh = tl.load(xr_base + ring[None, :] * s_xr_r + offs_p[:, None] * s_xr_p,
+                     mask=mp[:, None] & is_hist[None, :], other=0.0)
+        xn_raw = tl.load(x_ptr + tok[None, :] * s_x_t + h * s_x_h + offs_p[:, None] * s_x_p,
+                         mask=mp[:, None] & is_new[None, :], other=0.0)
+        XT = xh.to(tl.float32) + xn_raw.to(tl.float32)
 
-            # y_s = e^{A Λ_w} S0 C_s + Σ_{k<=w} dt_k e^{A (Λ_w - Λ_k)} (B_k.C_s) x_k, w = c + s.
-            # Both routes give these outputs; a flush row also stores the folded history.
-            lam = tl.cumsum(dtp, axis=0)
-            lam_w = tl.sum(tl.where(kk[:, None] == pos[None, :], lam[:, None], 0.0), axis=0)
-            E = tl.exp(tl.minimum(A * (lam_w[None, :] - lam[:, None]), 0.0))
-            F = tl.where(causal, G * dtp[:, None] * E, 0.0)
-            Y = tl.dot(XT, F, input_precision=DOT_PREC)
-            Y += tl.dot(S, CT, input_precision=DOT_PREC) * tl.exp(tl.minimum(A * lam_w, 0.0))[None, :]
-            if HAS_D:
-                xw = tl.load(x_ptr + tw[None, :] * s_x_t + h * s_x_h + offs_p[:, None] * s_x_p,
-                             mask=mo, other=0.0).to(tl.float32)
-                Y += tl.load(D_ptr + h).to(tl.float32) * xw
-            if HAS_Z:
-                zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None] * s_z_p,
-                             mask=mo, other=0.0).to(tl.float32)
-                Y *= zz * tl.sigmoid(zz)
-            tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None] * s_o_p,
-                     Y.to(out_ptr.dtype.element_ty), mask=mo)
-            # append the window's x and dt rows to the ring (disjoint from the history: c + q <= R)
-            tl.store(xr_base + ring[None, :] * s_xr_r + offs_p[:, None] * s_xr_p,
-                     xn_raw.to(xr_ptr.dtype.element_ty), mask=mp[:, None] & is_new[None, :])
-            if pt == 0:
-                tl.store(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, dtn, mask=is_new)
-            if flush:
-                # fold the history into the checkpoint, N chunk by N chunk (the tile is re-read
-                # from L2 so the full tile is not live across this branch)
-                tot = tl.sum(dth, axis=0)
-                wf = dth * tl.exp(tl.minimum(A * (tot - tl.cumsum(dth, axis=0)), 0.0))
-                XTw = XT * wf[None, :]
-                carry = tl.exp(tl.minimum(A * tot, 0.0))
-                ck_row = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p
-                for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
-                    oc = n0 + tl.arange(0, FOLD_N)
-                    if IDX64:
-                        oc = oc.to(tl.int64)
-                    mc = mp[:, None] & (oc < N)[None, :]
-                    Sc = tl.load(ck_row + oc[None, :] * s_ck_n, mask=mc, other=0.0).to(tl.float32)
-                    Bc = tl.load(Br_base + ring[:, None] * s_Br_r + oc[None, :] * s_Br_n,
-                                 mask=is_hist[:, None] & (oc < N)[None, :], other=0.0).to(tl.float32)
-                    Sc = Sc * carry + tl.dot(XTw, Bc, input_precision=FOLD_PREC)
-                    tl.store(ck_row + oc[None, :] * s_ck_n, Sc.to(ck_ptr.dtype.element_ty), mask=mc)
+        # y_s = e^{A Λ_w} S0 C_s + Σ_{k<=w} dt_k e^{A (Λ_w - Λ_k)} (B_k.C_s) x_k, w = c + s.
+        # Both routes give these outputs; a flush row also stores the folded history.
+        lam = tl.cumsum(dtp, axis=0)
+        lam_w = tl.sum(tl.where(kk[:, None] == pos[None, :], lam[:, None], 0.0), axis=0)
+        E = tl.exp(tl.minimum(A * (lam_w[None, :] - lam[:, None]), 0.0))
+        F = tl.where(causal, G * dtp[:, None] * E, 0.0)
+        Y = tl.dot(XT, F, input_precision=DOT_PREC)
+        Y += tl.dot(S, CT, input_precision=DOT_PREC) * tl.exp(tl.minimum(A * lam_w, 0.0))[None, :]
+        if HAS_D:
+            xw = tl.load(x_ptr + tw[None, :] * s_x_t + h * s_x_h + offs_p[:, None] * s_x_p,
+                         mask=mo, other=0.0).to(tl.float32)
+            Y += tl.load(D_ptr + h).to(tl.float32) * xw
+        if HAS_Z:
+            zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None] * s_z_p,
+                         mask=mo, other=0.0).to(tl.float32)
+            Y *= zz * tl.sigmoid(zz)
+        tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None] * s_o_p,
+                 Y.to(out_ptr.dtype.element_ty), mask=mo)
+        # append the window's x and dt rows to the ring (disjoint from the history: c + q <= R)
+        tl.store(xr_base + ring[None, :] * s_xr_r + offs_p[:, None] * s_xr_p,
+                 xn_raw.to(xr_ptr.dtype.element_ty), mask=mp[:, None] & is_new[None, :])
+        if pt == 0:
+            tl.store(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, dtn, mask=is_new)
+        if flush:
+            # fold the history into the checkpoint, N chunk by N chunk (the tile is re-read
+            # from L2 so the full tile is not live across this branch)
+            tot = tl.sum(dth, axis=0)
+            wf = dth * tl.exp(tl.minimum(A * (tot - tl.cumsum(dth, axis=0)), 0.0))
+            XTw = XT * wf[None, :]
+            carry = tl.exp(tl.minimum(A * tot, 0.0))
+            ck_row = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p
+            for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
+                oc = n0 + tl.arange(0, FOLD_N)
+                if IDX64:
+                    oc = oc.to(tl.int64)
+                mc = mp[:, None] & (oc < N)[None, :]
+                Sc = tl.load(ck_row + oc[None, :] * s_ck_n, mask=mc, other=0.0).to(tl.float32)
+                Bc = tl.load(Br_base + ring[:, None] * s_Br_r + oc[None, :] * s_Br_n,
+                             mask=is_hist[:, None] & (oc < N)[None, :], other=0.0).to(tl.float32)
+                Sc = Sc * carry + tl.dot(XTw, Bc, input_precision=FOLD_PREC)
+                tl.store(ck_row + oc[None, :] * s_ck_n, Sc.to(ck_ptr.dtype.element_ty), mask=mc)
 
 
 # -- materialize --------------------------------------------------------------------------
@@ -254,36 +254,50 @@ def _replay_materialize_kernel(
 
 
 @triton.jit
+def _commit_apply(rs_ptr, nc_ptr, pend_ptr, cs_ptr, page, valid, a, q, ok, window, R, UPDATE_CONV: tl.constexpr):
+    a = tl.where(ok, a, 0)
+    c = tl.load(nc_ptr + page, mask=valid, other=0)
+    rs = tl.load(rs_ptr + page, mask=valid, other=0)
+    flushed = (c + q) > window
+    tl.store(rs_ptr + page, tl.where(flushed, (rs + c) % R, rs), mask=valid)
+    tl.store(nc_ptr + page, tl.where(flushed, a, c + a), mask=valid)
+    tl.store(pend_ptr + page, tl.zeros_like(q), mask=valid)
+    if UPDATE_CONV:
+        tl.store(cs_ptr + page, q - a, mask=valid)
+
+
+@triton.jit
 def _replay_commit_kernel(
     rs_ptr, nc_ptr, pend_ptr, cs_ptr, page_ptr, acc_ptr, err_ptr,
     rows, n_acc, window, R,
     UPDATE_CONV: tl.constexpr, BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr,
 ):
-    # One program: the whole batch must be checked before any cursor moves.
-    bad = tl.zeros((BLOCK,), dtype=tl.int32)
-    for chunk in tl.static_range(NUM_CHUNKS):
-        offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    # One program: the whole batch is checked before any cursor moves.
+    if NUM_CHUNKS == 1:  # the batch fits one block: load once
+        offs = tl.arange(0, BLOCK)
         page = tl.load(page_ptr + offs, mask=offs < rows, other=0)
         valid = page != 0
         a = tl.load(acc_ptr + offs, mask=valid & (offs < n_acc), other=0)
         q = tl.load(pend_ptr + page, mask=valid, other=0)
-        bad += (valid & ((a < 0) | (a > q))).to(tl.int32)
-    ok = tl.sum(bad, axis=0) == 0
-    for chunk in tl.static_range(NUM_CHUNKS):
-        offs = chunk * BLOCK + tl.arange(0, BLOCK)
-        page = tl.load(page_ptr + offs, mask=offs < rows, other=0)
-        valid = page != 0
-        a = tl.load(acc_ptr + offs, mask=valid & (offs < n_acc), other=0)
-        a = tl.where(ok, a, 0)
-        q = tl.load(pend_ptr + page, mask=valid, other=0)
-        c = tl.load(nc_ptr + page, mask=valid, other=0)
-        rs = tl.load(rs_ptr + page, mask=valid, other=0)
-        flushed = (c + q) > window
-        tl.store(rs_ptr + page, tl.where(flushed, (rs + c) % R, rs), mask=valid)
-        tl.store(nc_ptr + page, tl.where(flushed, a, c + a), mask=valid)
-        tl.store(pend_ptr + page, tl.zeros_like(q), mask=valid)
-        if UPDATE_CONV:
-            tl.store(cs_ptr + page, q - a, mask=valid)
+        ok = tl.sum((valid & ((a < 0) | (a > q))).to(tl.int32), axis=0) == 0
+        _commit_apply(rs_ptr, nc_ptr, pend_ptr, cs_ptr, page, valid, a, q, ok, window, R, UPDATE_CONV)
+    else:
+        bad = tl.zeros((BLOCK,), dtype=tl.int32)
+        for chunk in tl.static_range(NUM_CHUNKS):
+            offs = chunk * BLOCK + tl.arange(0, BLOCK)
+            page = tl.load(page_ptr + offs, mask=offs < rows, other=0)
+            valid = page != 0
+            a = tl.load(acc_ptr + offs, mask=valid & (offs < n_acc), other=0)
+            q = tl.load(pend_ptr + page, mask=valid, other=0)
+            bad += (valid & ((a < 0) | (a > q))).to(tl.int32)
+        ok = tl.sum(bad, axis=0) == 0
+        for chunk in tl.static_range(NUM_CHUNKS):
+            offs = chunk * BLOCK + tl.arange(0, BLOCK)
+            page = tl.load(page_ptr + offs, mask=offs < rows, other=0)
+            valid = page != 0
+            a = tl.load(acc_ptr + offs, mask=valid & (offs < n_acc), other=0)
+            q = tl.load(pend_ptr + page, mask=valid, other=0)
+            _commit_apply(rs_ptr, nc_ptr, pend_ptr, cs_ptr, page, valid, a, q, ok, window, R, UPDATE_CONV)
     err = tl.load(err_ptr)
     tl.store(err_ptr, err | tl.where(ok, 0, 1))
 
@@ -314,20 +328,16 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                   G: int = 1) -> dict[str, Any]:
     """Launch heuristic for :func:`replay_verify` (no autotuning: the interpreter cannot run it).
 
-    A program streams ``HB`` heads of one group (``G = B Cᵀ`` is computed once
-    for them) over a ``BLOCK_P x N`` tile each. Small grids (batch 1 at 128
-    heads) use one head per program and split P so more SMs stream the state.
+    A program streams one head's ``BLOCK_P x N`` checkpoint tile. Small grids
+    (batch 1 at 128 heads) split P so more SMs stream the state at once.
     """
-    HPG = max(1, H // max(G, 1))
-    if not _compiled(device):  # the interpreter pays per program: one masked tile, all heads of a group
-        return {"BLOCK_P": min(_pow2(P), 128), "HB": HPG, "num_warps": 4, "num_stages": 1}
+    if not _compiled(device):  # the interpreter pays per program: one masked tile per head
+        return {"BLOCK_P": min(_pow2(P), 128), "num_warps": 4, "num_stages": 1}
     BLOCK_P = _block_p(P, 64)
-    HB = 1
     sms = _num_sms(device)
-    # split P while the grid is under ~1.5 programs per SM
-    while rows * (H // HB) * triton.cdiv(P, BLOCK_P) < 1.5 * sms and BLOCK_P > 16 and P % (BLOCK_P // 2) == 0:
+    while rows * H * triton.cdiv(P, BLOCK_P) < 1.5 * sms and BLOCK_P > 16 and P % (BLOCK_P // 2) == 0:
         BLOCK_P //= 2
-    return {"BLOCK_P": BLOCK_P, "HB": HB, "num_warps": 4, "num_stages": 1, "FOLD_N": 16}
+    return {"BLOCK_P": BLOCK_P, "num_warps": 4, "num_stages": 1, "FOLD_N": 16}
 
 
 def _compiled(device: torch.device) -> bool:
@@ -387,7 +397,7 @@ def replay_verify(
         out: (tokens, H, P), written for every non-padding token.
         D: (H,) skip or None. dt_bias: (H,) or None. z: (tokens, H, P) gate or None.
         max_seqlen: longest row (<= 16); defaults to ``R - window`` (= T on the layout).
-        config: launch override, keys ``BLOCK_P``, ``HB`` (heads per program), ``num_warps``, ``num_stages``.
+        config: launch override, keys ``BLOCK_P``, ``FOLD_N`` (N chunk of the fold), ``num_warps``, ``num_stages``.
     Returns:
         ``out``.
     """
@@ -401,14 +411,14 @@ def replay_verify(
     cfg = dict(verify_config(rows, H, P, N, R, T, dev, G))
     if config:
         cfg.update(config)
-    BLOCK_P, HB = cfg["BLOCK_P"], math.gcd(int(cfg["HB"]), H // G)
+    BLOCK_P = cfg["BLOCK_P"]
     NPT = triton.cdiv(P, BLOCK_P)
     dot_prec, fold_prec = _dot_prec(dev)
     dummy = dt_ring
     Dp = D if D is not None else dummy
     dtbp = dt_bias if dt_bias is not None else dummy
     zp = z if z is not None else x
-    grid = (H // HB * NPT, rows)
+    grid = (H * NPT, rows)
     _replay_verify_kernel[grid](
         checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed,
         x, dt, A, B, C, Dp, dtbp, zp, out,
@@ -416,7 +426,7 @@ def replay_verify(
         window, R, P, N,
         *checkpoint.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(),
         *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *zp.stride(), *out.stride(),
-        NPT=NPT, HPG=H // G, HB=HB,
+        NPT=NPT, HPG=H // G,
         BLOCK_P=BLOCK_P, BLOCK_N=_pow2(N), BLOCK_K=_pow2(R), BLOCK_S=_pow2(T),
         FOLD_N=min(_pow2(N), int(cfg.get("FOLD_N", 16 if _compiled(dev) else 128))),
         HAS_D=D is not None, HAS_DTB=dt_bias is not None, HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),

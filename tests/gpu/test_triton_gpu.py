@@ -36,8 +36,8 @@ def test_verify_nemotron(T, W, route, rows, n_pad):
     compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
 
 
-@pytest.mark.parametrize("cfg", [dict(HB=2), dict(BLOCK_P=16), dict(BLOCK_P=32, num_warps=8), dict(HB=4, num_stages=2),
-                                 dict(BLOCK_P=64, num_warps=2, FOLD_N=32), dict(HB=16, BLOCK_P=64, num_warps=8)])
+@pytest.mark.parametrize("cfg", [dict(BLOCK_P=16), dict(BLOCK_P=32, num_warps=8), dict(num_stages=2),
+                                 dict(BLOCK_P=64, num_warps=2, FOLD_N=32), dict(BLOCK_P=64, num_warps=8, FOLD_N=64)])
 def test_verify_configs(cfg):
     gen = torch.Generator().manual_seed(7)
     case = make_case(gen, DEV, pages=10, W=16, T=4, rows=8, n_pad=1, act_dtype=torch.bfloat16, **NEMO)
