@@ -233,7 +233,7 @@ def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbp
         f"= {pages * page_bytes / 2**30:.2f} GiB")
     c_nf, c_fl = min(W - T, W // 2), min(W, W - T + 2)
     _, flush_frac = steady_state(T, W, 256)
-    use_fi = fi is not None and W <= 16
+    use_fi = fi is not None and W <= 16 and (args.fi_configs is None or f"{T}:{W}" in args.fi_configs.split(","))
     rows = []
     for b in batches:
         nsets = sets_for[b]
@@ -442,6 +442,9 @@ def main() -> None:
                     help="time our launch configs (SWEEP) per point and report ours with the fastest "
                          "(the built-in heuristic is reported too, as ours_default_nonflush_us)")
     ap.add_argument("--no-flashinfer", action="store_true")
+    ap.add_argument("--fi-configs", default=None,
+                    help="T:W pairs that also run FlashInfer (default: every pair with W <= 16); FlashInfer "
+                         "JIT-compiles checkpointing_ssu once per T, minutes each")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="run the script end to end on CPU under TRITON_INTERPRET=1 at toy sizes (CI smoke test)")
     args = ap.parse_args()
