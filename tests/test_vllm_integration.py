@@ -344,10 +344,13 @@ def test_builder_metadata_to_plan_and_step_loop_matches_oracle(vllm_mod, configs
     mgr = MambaManager(spec, pool, enable_caching=False, kv_cache_group_id=0, scheduler_block_size=spec.block_size)
     free0 = pool.get_num_free_blocks()
 
-    # vLLM-style raw pages: one int8 tensor per layer, each page padded past the layout.
+    # vLLM-style raw pages: a (blocks, 1, 1, bytes) int8 view per layer into a tensor shared with
+    # another group's layer (block-outer storage), each page padded past the layout.
     page_bytes = layout.layer_page_bytes + 96
-    raws = [torch.zeros((num_blocks, 1, 1, page_bytes), dtype=torch.int8) for _ in names]
+    raws = [torch.zeros((num_blocks, 2, 1, page_bytes), dtype=torch.int8)[:, 1:2] for _ in names]
     views = [sv.page_views(layout, raw) for raw in raws]
+    assert all(v.untyped_storage().data_ptr() == raw.untyped_storage().data_ptr()
+               for raw, vs in zip(raws, views) for v in vs.values())
     cursors = torch.zeros((4, num_blocks), dtype=torch.int32)
     if backend == "triton":
         from ssmstate.backends import get_backend

@@ -231,7 +231,10 @@ def page_views(layout: PageLayout, raw: torch.Tensor) -> dict[str, torch.Tensor]
         name -> ``(num_blocks, *shape)`` typed view (strided by the page), as
         vLLM's ``MambaBase.bind_kv_cache`` slices them.
     """
-    pages = raw.reshape(raw.shape[0], -1) if raw.dim() != 2 else raw
+    # squeeze, never reshape: a copy would silently detach our views from vLLM's memory.
+    pages = raw.squeeze(dim=(1, 2)) if raw.dim() == 4 else raw
+    if pages.dim() != 2 or pages.stride(-1) != 1:
+        raise SSMStateError(f"raw pages must be (blocks, 1, 1, bytes) or (blocks, bytes), got {tuple(raw.shape)}")
     if pages.dtype != torch.int8 or pages.shape[1] < layout.layer_page_bytes:
         raise SSMStateError(f"raw pages must be int8 with at least {layout.layer_page_bytes} bytes per block")
     views: dict[str, torch.Tensor] = {}
@@ -326,9 +329,10 @@ class SSMStateMambaMixer2(MambaMixer2):
     def conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.Tensor) -> None:
         if self.ssmstate_layout is None:
             return super().conv_ssm_forward(projected_states, output)
-        ctx = get_forward_context()
-        md_all = ctx.attn_metadata
-        md = md_all.get(self.prefix) if isinstance(md_all, dict) else None
+        md_all = get_forward_context().attn_metadata
+        if md_all is not None and not isinstance(md_all, dict):
+            raise SSMStateError("ssmstate needs one attention-metadata dict per step (micro-batching is unsupported)")
+        md = md_all.get(self.prefix) if md_all is not None else None
         if md is None or md.num_decodes == 0:
             return super().conv_ssm_forward(projected_states, output)
         nd = md.num_decode_tokens
