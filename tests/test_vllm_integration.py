@@ -572,6 +572,13 @@ TINY = {
 }
 
 
+def _new_request(req_id: str, blocks: list[int]):
+    from vllm.v1.core.sched.output import NewRequestData
+
+    return NewRequestData(req_id=req_id, prompt_token_ids=[1] * 8, mm_features=[], sampling_params=None,
+                          pooling_params=None, block_ids=(blocks,), num_computed_tokens=0, lora_request=None)
+
+
 def _free_port() -> int:
     import socket
 
@@ -638,15 +645,32 @@ def test_real_mixer_layers_decode_through_ssmstate(vllm_mod, tmp_path):
     for lyr in layers:
         lyr.bind_kv_cache(torch.zeros((num_blocks, 1, 1, spec.page_size_bytes), dtype=torch.int8))
     kcc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(names, spec)])
-    runtime = sv.VllmStateRuntime.from_kv_cache_config(kcc, dict(zip(names, layers)), torch.device("cpu"),
-                                                       "reference", max_batch)
+    # The MRV2 model state the model's get_model_state_cls() hook returns. Its postprocess_state runs
+    # runtime.commit and then vLLM's own Triton bookkeeping kernel, which has no CPU build: the test
+    # calls the runtime's commit, the first half of postprocess_state.
+    model = object.__new__(sv.SSMStateNemotronHForCausalLM)
+    model.__dict__["vllm_config"] = vc
+    state_cls = model.get_model_state_cls()
+    assert state_cls is sv.SSMStateModelState
+    with _Env("1"):
+        os.environ["SSMSTATE_VLLM_BACKEND"] = "reference"
+        try:
+            state = state_cls(vc, torch.nn.Linear(1, 1), None, torch.device("cpu"))
+            first = "q_early"  # admitted before the KV cache exists: its reset waits for initialize_kv_cache
+            state.add_request(0, _new_request(first, [1]))
+            state.initialize_kv_cache(kcc, None)
+        finally:
+            os.environ.pop("SSMSTATE_VLLM_BACKEND")
+    runtime = state.ssmstate
+    assert [type(lyr.ssmstate_slot[0].manager.backend).__name__ for lyr in layers] == ["ReferenceBackend"] * 2
     builder = Mamba2AttentionMetadataBuilder(spec, names, vc, torch.device("cpu"))
     pool = BlockPool(num_gpu_blocks=num_blocks, enable_caching=False, hash_block_size=spec.block_size)
     mgr = MambaManager(spec, pool, enable_caching=False, kv_cache_group_id=0, scheduler_block_size=spec.block_size)
     oracle = SerialOracle(len(layers), H, P, N, G, Dc, k)
 
     active: dict[str, dict] = {}
-    worst, flushes, pads = 0.0, 0, 0
+    worst, flushes, pads, reused = 0.0, 0, 0, 0
+    seen_blocks: set[int] = set()
     for step in range(24):
         for rid in [r for r in active if rng.random() < 0.1]:
             mgr.free(rid)
@@ -655,7 +679,9 @@ def test_real_mixer_layers_decode_through_ssmstate(vllm_mod, tmp_path):
         while len(active) < 5 and pool.get_num_free_blocks() > 0:
             rid = f"q{step}_{len(active)}"
             block = mgr.allocate_new_blocks(rid, 8 + K, 8 + K)[0].block_id
-            runtime.reset_blocks(([block],))
+            reused += block in seen_blocks
+            seen_blocks.add(block)
+            state.add_request(len(seen_blocks) % state.max_num_reqs, _new_request(rid, [block]))
             oracle.admit(rid)
             for li, lyr in enumerate(layers):  # what vLLM's prefill kernels leave in the page
                 S0, hist = torch.randn(H, P, N, generator=gen) * 0.3, torch.randn(Dc, k - 1, generator=gen)
@@ -698,8 +724,9 @@ def test_real_mixer_layers_decode_through_ssmstate(vllm_mod, tmp_path):
         for r, a in zip(order, accepted):
             oracle.commit(r, a)
             active[r]["computed"] += a
-    print(f"real MambaMixer2 layers: worst abs error {worst:.2e}, {flushes} flush rows, {pads} padding rows")
+    print(f"real MambaMixer2 layers: worst abs error {worst:.2e}, {flushes} flush rows, {pads} padding rows, "
+          f"{reused} recycled blocks")
     assert worst < 1e-3, worst
-    assert flushes > 0 and pads > 0
+    assert flushes > 0 and pads > 0 and reused > 0
     for rid in list(active):
         mgr.free(rid)
