@@ -207,6 +207,23 @@ def test_switch_and_model_state_hook(vllm_mod, configs):
         assert model.get_model_state_cls() is MambaHybridModelState
     settings = sv.settings_from_vllm_config(vc)
     assert settings.enabled and settings.window == 16
+    for key, bad in (("SSMSTATE_VLLM_WINDOW", "sixteen"), ("SSMSTATE_VLLM_BACKEND", "cuda")):
+        os.environ[key] = bad
+        try:
+            with pytest.raises(sv.ConfigError):
+                sv.settings_from_vllm_config(vc)
+        finally:
+            os.environ.pop(key)
+    # The config form of the switch, with the env var unset.
+    old = os.environ.pop("SSMSTATE_VLLM")
+    try:
+        vc.additional_config = {"ssmstate": {"enabled": True, "window": 8}}
+        assert sv.settings_from_vllm_config(vc) == sv.VllmSettings(enabled=True, window=8, backend="triton")
+        vc.additional_config = {}
+        assert not sv.is_enabled(vc)
+    finally:
+        os.environ["SSMSTATE_VLLM"] = old
+        vc.additional_config = {}
 
 
 @pytest.mark.parametrize("which", ["ssmstate", "stock"])

@@ -114,8 +114,14 @@ def settings_from_vllm_config(vllm_config: VllmConfig | None) -> VllmSettings:
             raise ConfigError(f"additional_config[{CONFIG_KEY!r}] must be a dict, got {extra!r}")
     env = os.environ.get(ENV_SWITCH)
     enabled = _truthy(env) if env is not None else bool(extra.get("enabled", False))
-    window = int(os.environ.get(f"{ENV_SWITCH}_WINDOW", extra.get("window", 16)))
+    raw_window = os.environ.get(f"{ENV_SWITCH}_WINDOW", extra.get("window", 16))
+    try:
+        window = int(raw_window)
+    except (TypeError, ValueError):
+        raise ConfigError(f"ssmstate window must be an int, got {raw_window!r}") from None
     backend = str(os.environ.get(f"{ENV_SWITCH}_BACKEND", extra.get("backend", "triton")))
+    if backend not in ("triton", "flashinfer", "reference"):
+        raise ConfigError(f"ssmstate backend must be 'triton', 'flashinfer' or 'reference', got {backend!r}")
     return VllmSettings(enabled=enabled, window=window, backend=backend)
 
 
