@@ -71,16 +71,16 @@ def _replay_verify_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
     page_ptr, cu_ptr,
     window, R, P, N,
-    s_ck_pg, s_ck_h, s_ck_p, s_ck_n,
-    s_xr_pg, s_xr_h, s_xr_r, s_xr_p,
-    s_Br_pg, s_Br_g, s_Br_r, s_Br_n,
+    s_ck_pg, s_ck_h, s_ck_p,
+    s_xr_pg, s_xr_h, s_xr_r,
+    s_Br_pg, s_Br_g, s_Br_r,
     s_dtr_pg, s_dtr_h, s_dtr_r,
-    s_x_t, s_x_h, s_x_p,
+    s_x_t, s_x_h,
     s_dt_t, s_dt_h,
-    s_B_t, s_B_g, s_B_n,
-    s_C_t, s_C_g, s_C_n,
-    s_z_t, s_z_h, s_z_p,
-    s_o_t, s_o_h, s_o_p,
+    s_B_t, s_B_g,
+    s_C_t, s_C_g,
+    s_z_t, s_z_h,
+    s_o_t, s_o_h,
     NPT: tl.constexpr, HPG: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr, FOLD_N: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
@@ -105,7 +105,7 @@ def _replay_verify_kernel(
         mn = offs_n < N
         mS = mp[:, None] & mn[None, :]
         # The checkpoint tile is most of the traffic and needs only the page: issue it first.
-        ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p + offs_n[None, :] * s_ck_n
+        ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p + offs_n[None, :]
         S = tl.load(ck, mask=mS, other=0.0).to(tl.float32)
         c = tl.load(nc_ptr + page)
         rs = tl.load(rs_ptr + page)
@@ -127,23 +127,24 @@ def _replay_verify_kernel(
             tw = tw.to(tl.int64)
         pos = c + ss  # sequence position of window token s
 
-        # G[k, s] = B_k . C_s
+        # One gather per sequence tile: row k comes from the ring (k < c) or the inputs (c <= k < c + q).
+        is_seq = kk < c + q
         Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
-        mBh = is_hist[:, None] & mn[None, :]
-        mBn = is_new[:, None] & mn[None, :]
-        bh = tl.load(Br_base + ring[:, None] * s_Br_r + offs_n[None, :] * s_Br_n, mask=mBh, other=0.0)
-        bn_raw = tl.load(B_ptr + tok[:, None] * s_B_t + g * s_B_g + offs_n[None, :] * s_B_n, mask=mBn, other=0.0)
-        Cw_raw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :] * s_C_n,
+        b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
+        mB = is_seq[:, None] & mn[None, :]
+        B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=mB, other=0.0)  # (BLOCK_K, BLOCK_N)
+        Cw_raw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :],
                          mask=ms[:, None] & mn[None, :], other=0.0)
         CT = tl.trans(Cw_raw.to(tl.float32))
+        # G[k, s] = B_k . C_s
         if NATIVE_G:  # 16-bit B and C: exact products, fp32 accumulation
-            G = tl.dot(tl.where(mBh, bh, bn_raw), tl.trans(Cw_raw))
+            G = tl.dot(B_raw, tl.trans(Cw_raw))
         else:
-            G = tl.dot(bh.to(tl.float32) + bn_raw.to(tl.float32), CT, input_precision=DOT_PREC)  # (BLOCK_K, BLOCK_S)
+            G = tl.dot(B_raw.to(tl.float32), CT, input_precision=DOT_PREC)
         if (pt == 0) & (h % HPG == 0):  # append the window's B rows to the ring, once per group
-            tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
-                     bn_raw.to(Br_ptr.dtype.element_ty), mask=mBn)
-        causal = (kk < c + q)[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
+            tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], B_raw,
+                     mask=is_new[:, None] & mn[None, :])
+        causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
         mo = mp[:, None] & ms[None, :]
 
         # processed dt over the sequence
@@ -157,11 +158,9 @@ def _replay_verify_kernel(
         dtp = tl.where(is_hist, dth, dtn)
         # x over the sequence, transposed: (BLOCK_P, BLOCK_K)
         xr_base = xr_ptr + page * s_xr_pg + h * s_xr_h
-        xh = tl.load(xr_base + ring[None, :] * s_xr_r + offs_p[:, None] * s_xr_p,
-                     mask=mp[:, None] & is_hist[None, :], other=0.0)
-        xn_raw = tl.load(x_ptr + tok[None, :] * s_x_t + h * s_x_h + offs_p[:, None] * s_x_p,
-                         mask=mp[:, None] & is_new[None, :], other=0.0)
-        XT = xh.to(tl.float32) + xn_raw.to(tl.float32)
+        x_rows = tl.where(is_hist, xr_base + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
+        X_raw = tl.load(x_rows[None, :] + offs_p[:, None], mask=mp[:, None] & is_seq[None, :], other=0.0)
+        XT = X_raw.to(tl.float32)
 
         # y_s = e^{A Λ_w} S0 C_s + Σ_{k<=w} dt_k e^{A (Λ_w - Λ_k)} (B_k.C_s) x_k, w = c + s.
         # Both routes give these outputs; a flush row also stores the folded history.
@@ -169,21 +168,18 @@ def _replay_verify_kernel(
         lam_w = tl.sum(tl.where(kk[:, None] == pos[None, :], lam[:, None], 0.0), axis=0)
         E = tl.exp(tl.minimum(A * (lam_w[None, :] - lam[:, None]), 0.0))
         F = tl.where(causal, G * dtp[:, None] * E, 0.0)
+        if HAS_D:  # D x_s rides on the diagonal k = c + s of the factor matrix
+            F += tl.where((kk[:, None] == pos[None, :]) & ms[None, :], tl.load(D_ptr + h).to(tl.float32), 0.0)
         Y = tl.dot(XT, F, input_precision=DOT_PREC)
         Y += tl.dot(S, CT, input_precision=DOT_PREC) * tl.exp(tl.minimum(A * lam_w, 0.0))[None, :]
-        if HAS_D:
-            xw = tl.load(x_ptr + tw[None, :] * s_x_t + h * s_x_h + offs_p[:, None] * s_x_p,
-                         mask=mo, other=0.0).to(tl.float32)
-            Y += tl.load(D_ptr + h).to(tl.float32) * xw
         if HAS_Z:
-            zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None] * s_z_p,
+            zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None],
                          mask=mo, other=0.0).to(tl.float32)
             Y *= zz * tl.sigmoid(zz)
-        tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None] * s_o_p,
+        tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None],
                  Y.to(out_ptr.dtype.element_ty), mask=mo)
         # append the window's x and dt rows to the ring (disjoint from the history: c + q <= R)
-        tl.store(xr_base + ring[None, :] * s_xr_r + offs_p[:, None] * s_xr_p,
-                 xn_raw.to(xr_ptr.dtype.element_ty), mask=mp[:, None] & is_new[None, :])
+        tl.store(xr_base + ring[None, :] * s_xr_r + offs_p[:, None], X_raw, mask=mp[:, None] & is_new[None, :])
         if pt == 0:
             tl.store(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, dtn, mask=is_new)
         if flush:
@@ -199,11 +195,11 @@ def _replay_verify_kernel(
                 if IDX64:
                     oc = oc.to(tl.int64)
                 mc = mp[:, None] & (oc < N)[None, :]
-                Sc = tl.load(ck_row + oc[None, :] * s_ck_n, mask=mc, other=0.0).to(tl.float32)
-                Bc = tl.load(Br_base + ring[:, None] * s_Br_r + oc[None, :] * s_Br_n,
+                Sc = tl.load(ck_row + oc[None, :], mask=mc, other=0.0).to(tl.float32)
+                Bc = tl.load(Br_base + ring[:, None] * s_Br_r + oc[None, :],
                              mask=is_hist[:, None] & (oc < N)[None, :], other=0.0).to(tl.float32)
                 Sc = Sc * carry + tl.dot(XTw, Bc, input_precision=FOLD_PREC)
-                tl.store(ck_row + oc[None, :] * s_ck_n, Sc.to(ck_ptr.dtype.element_ty), mask=mc)
+                tl.store(ck_row + oc[None, :], Sc.to(ck_ptr.dtype.element_ty), mask=mc)
 
 
 # -- materialize --------------------------------------------------------------------------
@@ -235,7 +231,7 @@ def _replay_materialize_kernel(
             mp = offs_p < P
             offs_n = tl.arange(0, BLOCK_N).to(tl.int64)
             mn = offs_n < N
-            ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p + offs_n[None, :] * s_ck_n
+            ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p + offs_n[None, :]
             mS = mp[:, None] & mn[None, :]
             S = tl.load(ck, mask=mS, other=0.0).to(tl.float32)
             kk = tl.arange(0, BLOCK_K)
@@ -350,6 +346,14 @@ def _dot_prec(device: torch.device) -> tuple[str, str]:
     return ("tf32", "tf32x3") if _compiled(device) else ("ieee", "ieee")
 
 
+def _outer(**named: Tensor) -> tuple[int, ...]:
+    """Strides but the last; the kernels read and write the last dimension contiguously."""
+    (name, t), = named.items()
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension (stride {t.stride(-1)})")
+    return t.stride()[:-1]
+
+
 def _check_T(T: int) -> None:
     if T > 16:
         raise ValueError(f"the Triton verify kernel handles windows of at most 16 tokens, got T={T}")
@@ -391,11 +395,13 @@ def replay_verify(
         x_ring: (pages, H, R, P) act dtype. B_ring: (pages, G, R, N) act dtype.
         dt_ring: (pages, H, R) fp32 processed dt.
         ring_start, num_committed: (pages,) int32 cursors, read only.
-        x: (tokens, H, P) bf16/fp16/fp32. dt: (tokens, H) raw, any float. A: (H,) float, negative.
-        B, C: (tokens, G, N) act dtype. page_ids: (rows,) int32, 0 = padding row.
+        x: (tokens, H, P) in ``x_ring``'s dtype (bf16/fp16/fp32). dt: (tokens, H) raw, any float.
+        A: (H,) float, negative. B, C: (tokens, G, N), B in ``B_ring``'s dtype.
+        page_ids: (rows,) int32, 0 = padding row.
         cu_seqlens: (rows + 1,) int32. window: W; R = x_ring.shape[2] must be >= W + max q.
         out: (tokens, H, P), written for every non-padding token.
         D: (H,) skip or None. dt_bias: (H,) or None. z: (tokens, H, P) gate or None.
+        Every tensor with a P or N dimension must be contiguous in it (stride 1).
         max_seqlen: longest row (<= 16); defaults to ``R - window`` (= T on the layout).
         config: launch override, keys ``BLOCK_P``, ``FOLD_N`` (N chunk of the fold), ``num_warps``, ``num_stages``.
     Returns:
@@ -406,6 +412,8 @@ def replay_verify(
     G = B_ring.shape[1]
     T = max_seqlen if max_seqlen is not None else R - window
     _check_T(T)
+    if x.dtype != x_ring.dtype or B.dtype != B_ring.dtype:
+        raise ValueError(f"x/B ({x.dtype}/{B.dtype}) must have the ring dtypes ({x_ring.dtype}/{B_ring.dtype})")
     rows = page_ids.shape[0]
     dev = x.device
     cfg = dict(verify_config(rows, H, P, N, R, T, dev, G))
@@ -424,14 +432,14 @@ def replay_verify(
         x, dt, A, B, C, Dp, dtbp, zp, out,
         page_ids, cu_seqlens,
         window, R, P, N,
-        *checkpoint.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(),
-        *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *zp.stride(), *out.stride(),
+        *_outer(checkpoint=checkpoint), *_outer(x_ring=x_ring), *_outer(B_ring=B_ring), *dt_ring.stride(),
+        *_outer(x=x), *dt.stride(), *_outer(B=B), *_outer(C=C), *_outer(z=zp), *_outer(out=out),
         NPT=NPT, HPG=H // G,
         BLOCK_P=BLOCK_P, BLOCK_N=_pow2(N), BLOCK_K=_pow2(R), BLOCK_S=_pow2(T),
         FOLD_N=min(_pow2(N), int(cfg.get("FOLD_N", 16 if _compiled(dev) else 128))),
         HAS_D=D is not None, HAS_DTB=dt_bias is not None, HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),
         DOT_PREC=dot_prec, FOLD_PREC=fold_prec, IDX64=INTERPRETED,
-        NATIVE_G=_compiled(dev) and B.dtype == B_ring.dtype == C.dtype and B.dtype in (torch.bfloat16, torch.float16),
+        NATIVE_G=_compiled(dev) and B.dtype == C.dtype and B.dtype in (torch.bfloat16, torch.float16),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out
