@@ -116,7 +116,7 @@ def test_commit_matches_reference(seed, T, extra_w, bad, short_counts, update_co
     n_acc = rows - 1 if short_counts else rows  # the last row is padding: the counts may stop before it
     c1, c2 = cur.clone(), cur.clone()
     e1, e2 = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
-    ref.replay_commit(c1[0], c1[1], c1[2], c1[3], ids, acc, W, R, update_conv, e1)
+    ref.replay_commit(c1[0], c1[1], c1[2], c1[3], ids, acc[:n_acc].clone(), W, R, update_conv, e1)
     trk.replay_commit(c2[0], c2[1], c2[2], c2[3], ids, acc[:n_acc].clone(), W, R, update_conv, e2)
     assert torch.equal(c1, c2)
     assert int(e1) == int(e2) == int(bad)

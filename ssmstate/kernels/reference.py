@@ -204,9 +204,13 @@ def replay_commit(
 
     Args:
         ring_start, num_committed, pending, conv_shift: (pages,) int32 cursors.
-        page_ids: (rows,) int32. num_accepted: (rows,) int32 on the same device.
+        page_ids: (rows,) int32. num_accepted: (rows,) int32 on the same device, or (requests,)
+            when the rows past it are padding (they commit nothing).
         error_flag: (1,) int32.
     """
+    short = page_ids.shape[0] - num_accepted.shape[0]
+    if short > 0:
+        num_accepted = torch.cat([num_accepted, num_accepted.new_zeros(short)])
     if page_ids.device.type == "cpu" and num_accepted.device.type == "cpu":
         _replay_commit_host(ring_start.numpy(), num_committed.numpy(), pending.numpy(), conv_shift.numpy(),
                             page_ids.numpy(), num_accepted.numpy(), window, ring_len, update_conv,
