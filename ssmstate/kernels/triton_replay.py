@@ -20,9 +20,11 @@ never forms an intermediate state:
   one launch serves a mixed batch and nothing syncs.
 
 All math is fp32 (loads are upcast first, which also keeps the CPU
-interpreter exact); on the GPU the small products use tensor cores (tf32 for
-the output terms, 3xTF32 for the stored fold). Padding rows (page 0) exit at
-once and write nothing.
+interpreter exact); on the GPU the small products use tensor cores (exact
+16-bit products for B·C, tf32 for the output terms, 3xTF32 for the stored
+fold). Padding rows (page 0) exit at once and write nothing. Tensors are read
+and written contiguously along P and N (stride 1 there, as every cache tensor
+and the manager's inputs are).
 """
 
 from __future__ import annotations
