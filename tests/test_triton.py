@@ -298,3 +298,11 @@ def test_check_cpu_needs_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(BackendUnavailableError, match="TRITON_INTERPRET=1"):
         TritonBackend().check(PageLayout.replay(_geom(), SpecConfig(3)), torch.device("cpu"))
+
+
+def test_cuda_graph_helper_refuses_cpu_managers():
+    from ssmstate.cuda_graph import DecodeStepGraph
+
+    m = StateManager(PageLayout.replay(_geom(), SpecConfig(3)), 4, backend="triton", max_batch=2)
+    with pytest.raises(BackendUnavailableError, match="CUDA device"):
+        DecodeStepGraph(m, 2, 4, lambda plan: None, torch.zeros(2, dtype=torch.int32))
