@@ -595,7 +595,10 @@ class StateManager:
         reqs = [self._idle(rid, "materialize") for rid in request_ids]
         if self.layout.scheme == "native" or not reqs:
             return
-        pages = torch.tensor([r.pages[0] for r in reqs], dtype=torch.int32, device=self.device)
+        self._fold_pages(torch.tensor([r.pages[0] for r in reqs], dtype=torch.int32, device=self.device))
+
+    def _fold_pages(self, pages: Tensor) -> None:
+        """Fold the committed rows of ``pages`` (int32, 0 = skip) in every layer, then ``c = 0``."""
         missing = [i for i, A in enumerate(self._A) if A is None]
         if missing and bool((self.cache.num_committed[pages.long()] > 0).any()):
             raise LifecycleError(f"materialize: layers {missing} have committed rows but no A; call bind_layer")
@@ -622,14 +625,7 @@ class StateManager:
             raise ShapeError(f"page_ids must be a 1-D int32 tensor on {self.device}")
         if self.layout.scheme == "native" or page_ids.numel() == 0:
             return
-        missing = [i for i, A in enumerate(self._A) if A is None]
-        if missing and bool((self.cache.num_committed[page_ids.long()] > 0).any()):
-            raise LifecycleError(f"materialize: layers {missing} have committed rows but no A; call bind_layer")
-        for layer, A in enumerate(self._A):
-            if A is not None:
-                self.backend.materialize(self.cache, layer, A, page_ids)
-        ref.replay_reset_cursors(self.cache.ring_start, self.cache.num_committed, page_ids,
-                                 self.layout.spec.ring_len)
+        self._fold_pages(page_ids)
 
     def preempt(self, request_id: RequestId) -> SavedState:
         """Copy the request's pages and cursors to the host and free its pages."""

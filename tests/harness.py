@@ -109,10 +109,18 @@ class Harness:
             self.o.commit(rid, a)
 
     def _cmp(self, got: torch.Tensor, want: torch.Tensor, what: str, scale_tol: float | None = None) -> None:
-        err = rel_err(got, want)
-        self.max_err = max(self.max_err, err)
+        """Relative error, scaled by the output norm, with a floor of 0.1·tol per element (rms).
+
+        The floor keeps a near-cancelling handful of values (a 4-element output gated by
+        silu(z) ≈ 0) from turning fp32 rounding into a false failure; for O(1) outputs of
+        realistic size the relative term dominates.
+        """
         tol = self.tol if scale_tol is None else scale_tol
-        assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.3g}"
+        a, b = got.double(), want.double()
+        scale = max(float(b.norm()), 0.1 * b.numel() ** 0.5)
+        err = float((a - b).norm()) / scale
+        self.max_err = max(self.max_err, err)
+        assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.3g} (output norm {float(b.norm()):.3g})"
 
     def check_states(self, state_tol: float | None = None) -> None:
         tol = self.tol if state_tol is None else state_tol
