@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from array import array
-from itertools import accumulate
-from operator import le
 from typing import Hashable, Sequence
 
 import attrs
+import numpy as np
 import torch
 
 from ssmstate.backends import Backend, get_backend
@@ -54,11 +52,6 @@ class SavedState:
 @attrs.define(eq=False)
 class _Request:
     pages: list[int]
-
-
-def _i32(values: list[int]) -> Tensor:
-    """A CPU int32 tensor from a list of ints, several times faster than ``torch.tensor``."""
-    return torch.frombuffer(array("i", values), dtype=torch.int32)
 
 
 def _check_tensor(name: str, t: object, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...],
@@ -116,6 +109,7 @@ class StateManager:
                 )
             self.cache = cache
         self._requests: dict[RequestId, _Request] = {}
+        self._first_page: dict[RequestId, int] = {}  # request -> its (first) page, for begin_step's hot loop
         self._A: list[Tensor | None] = [None] * layout.geometry.num_layers
         self._open: StepPlan | None = None
         self._open_ids: frozenset[RequestId] = frozenset()
@@ -126,12 +120,26 @@ class StateManager:
         self.max_batch = rows
         ppr = layout.pages_per_request
         i32 = dict(dtype=torch.int32, device=self.device)
-        self._page_table_buf = torch.zeros((rows, ppr), **i32)
-        self._cu_buf = torch.zeros((rows + 1,), **i32)
-        self._qs_buf = torch.zeros((rows,), **i32)
-        self._accepted_buf = torch.zeros((rows,), **i32)
-        self.error_flag = torch.zeros((1,), **i32)
+        # Host staging (numpy, with torch views made once): a step writes plain numpy
+        # arrays, never builds tensors. On a CPU device the staging *is* the device buffer.
         self._on_cpu = self.device.type == "cpu"
+        self._h_table = np.zeros((rows, ppr), dtype=np.int32)
+        self._h_cu = np.zeros((rows + 1,), dtype=np.int32)
+        self._h_q = np.zeros((rows,), dtype=np.int32)
+        self._h_acc = np.zeros((rows,), dtype=np.int32)
+        self._t_table, self._t_cu, self._t_q, self._t_acc = (
+            torch.from_numpy(a) for a in (self._h_table, self._h_cu, self._h_q, self._h_acc))
+        if self._on_cpu:
+            self._page_table_buf, self._cu_buf = self._t_table, self._t_cu
+            self._qs_buf, self._accepted_buf = self._t_q, self._t_acc
+            self._pending_np: np.ndarray | None = self.cache.pending.numpy()
+        else:
+            self._page_table_buf = torch.zeros((rows, ppr), **i32)
+            self._cu_buf = torch.zeros((rows + 1,), **i32)
+            self._qs_buf = torch.zeros((rows,), **i32)
+            self._accepted_buf = torch.zeros((rows,), **i32)
+            self._pending_np = None
+        self.error_flag = torch.zeros((1,), **i32)
 
     # -- properties -------------------------------------------------------------
     @property
@@ -194,13 +202,14 @@ class StateManager:
         pages = self.pool.allocate(self.layout.pages_per_request)
         self.cache.zero_pages(pages)
         self._requests[request_id] = _Request(pages)
+        self._first_page[request_id] = pages[0]
         return pages[0]
 
     def release(self, request_id: RequestId) -> None:
         """Free a request's page(s). Its state is gone."""
         req = self._idle(request_id, "release")
         self.pool.free(req.pages)
-        del self._requests[request_id]
+        del self._requests[request_id], self._first_page[request_id]
 
     # -- prefill state -----------------------------------------------------------
     def _committed(self, page: int) -> int:
@@ -290,10 +299,11 @@ class StateManager:
         if n == 0:
             raise SSMStateError("begin_step needs at least one request")
         T = self.layout.spec.num_tokens
-        if isinstance(num_tokens, int) and not isinstance(num_tokens, bool):
-            if not 1 <= num_tokens <= T:
+        uniform = isinstance(num_tokens, int) and not isinstance(num_tokens, bool)
+        if uniform:
+            if not 1 <= num_tokens <= T:  # type: ignore[operator]
                 raise SSMStateError(f"num_tokens must be ints in [1, T={T}], got {num_tokens!r}")
-            qs = [num_tokens] * n
+            qs = num_tokens
             pad_q = num_tokens
         else:
             qs = list(num_tokens)
@@ -306,37 +316,44 @@ class StateManager:
         rows = n if pad_to is None else pad_to
         if rows < n or rows > self.max_batch:
             raise SSMStateError(f"pad_to={pad_to} must be in [{n}, max_batch={self.max_batch}]")
-        requests = self._requests
+        table, cu, q = self._h_table, self._h_cu, self._h_q
         try:
-            reqs = [requests[rid] for rid in ids]
+            if self.layout.pages_per_request == 1:
+                table[:n, 0] = np.fromiter(map(self._first_page.__getitem__, ids), np.int32, n)
+            else:
+                table[:n] = [self._requests[rid].pages for rid in ids]
         except (KeyError, TypeError):
             bad_id = next(rid for rid in ids if not self._known(rid))
             raise UnknownRequestError(f"unknown request {bad_id!r} (never admitted, or released)") from None
         open_ids = frozenset(ids)
         if len(open_ids) != n:
             raise SSMStateError("begin_step got the same request twice")
-        all_q = qs + [pad_q] * (rows - n) if rows > n else qs
-        cu = [0, *accumulate(all_q)]
-        ppr = self.layout.pages_per_request
-        if ppr == 1:
-            table_host = _i32([r.pages[0] for r in reqs] + [0] * (rows - n))[:, None]
+        table[n:rows] = 0
+        if uniform:
+            all_q = (num_tokens,) * rows
+            q[:rows] = num_tokens
         else:
-            table_host = torch.tensor([r.pages for r in reqs] + [[0] * ppr] * (rows - n), dtype=torch.int32)
-        cu_host = _i32(cu)
-        tb, cb = self._page_table_buf[:rows], self._cu_buf[: rows + 1]
-        tb.copy_(table_host)
-        cb.copy_(cu_host)
-        page_ids = tb[:, 0]
-        # pending = q for the real rows; padding rows (and page 0) are never written.
-        qb = self._qs_buf[:n]
-        qb.copy_(_i32(qs))
-        self.cache.pending.index_copy_(0, page_ids[:n].long(), qb)
+            all_q = tuple(qs) + (pad_q,) * (rows - n)  # type: ignore[arg-type]
+            q[:rows] = all_q
+        cu[0] = 0
+        np.cumsum(q[:rows], out=cu[1 : rows + 1])
+        table_host, cu_host = self._t_table[:rows], self._t_cu[: rows + 1]
+        if self._on_cpu:
+            tb, cb = table_host, cu_host
+            # pending = q for the real rows; padding rows (and page 0) are never written.
+            self._pending_np[table[:n, 0]] = q[:n]  # type: ignore[index]
+        else:
+            tb, cb = self._page_table_buf[:rows], self._cu_buf[: rows + 1]
+            tb.copy_(table_host)
+            cb.copy_(cu_host)
+            qb = self._qs_buf[:n]
+            qb.copy_(self._t_q[:n])
+            self.cache.pending.index_copy_(0, tb[:n, 0].long(), qb)
         self._step += 1
-        acc = cu[-1]
         plan = StepPlan(
-            step_id=self._step, request_ids=ids, num_tokens=tuple(all_q), page_ids=page_ids,
+            step_id=self._step, request_ids=ids, num_tokens=all_q, page_ids=tb[:, 0],
             page_table=tb, cu_seqlens=cb, page_ids_host=table_host[:, 0], page_table_host=table_host,
-            cu_seqlens_host=cu_host, max_seqlen=max(all_q), total_tokens=acc,
+            cu_seqlens_host=cu_host, max_seqlen=num_tokens if uniform else max(all_q), total_tokens=int(cu[rows]),
         )
         self._open_ids = open_ids
         self._open = plan
@@ -529,33 +546,31 @@ class StateManager:
             device_counts = num_accepted
         else:
             if isinstance(num_accepted, torch.Tensor):
-                if num_accepted.dim() != 1:
-                    raise ShapeError("num_accepted must be 1-D")
-                counts = num_accepted.tolist()
+                counts = num_accepted.numpy()
             elif isinstance(num_accepted, int) and not isinstance(num_accepted, bool):
-                counts = [num_accepted] * n
+                counts = np.full((n,), num_accepted)
             else:
-                counts = list(num_accepted)
-            if len(counts) not in (n, rows):
-                raise SSMStateError(f"num_accepted has {len(counts)} entries for {n} requests")
-            qs = plan.num_tokens
-            try:
-                packed = array("i", counts)
-            except (TypeError, OverflowError):
-                raise SSMStateError(f"num_accepted must be ints, got {counts!r:.200}") from None
-            if min(packed[:n]) < low or not all(map(le, packed[:n], qs)):
-                i = next(i for i in range(n) if not low <= packed[i] <= qs[i])
+                counts = np.asarray(num_accepted)
+            if counts.ndim != 1 or counts.dtype.kind not in "iu":
+                raise SSMStateError(f"num_accepted must be a 1-D sequence of ints, got {num_accepted!r:.200}")
+            if counts.shape[0] not in (n, rows):
+                raise SSMStateError(f"num_accepted has {counts.shape[0]} entries for {n} requests")
+            a, qs = counts[:n], self._h_q[:n]  # the open plan's row lengths
+            bad = (a < low) | (a > qs)
+            if bad.any():
+                i = int(bad.argmax())
                 raise SSMStateError(
-                    f"num_accepted[{i}]={packed[i]} out of range [{low}, {qs[i]}] for request "
+                    f"num_accepted[{i}]={int(a[i])} out of range [{low}, {int(qs[i])}] for request "
                     f"{plan.request_ids[i]!r}"
                 )
-            if verified == 0 and any(packed[:n]):
+            if verified == 0 and a.any():
                 raise LifecycleError("commit: no layer was verified; only rollback() (0 accepted) is possible")
-            if len(packed) < rows:
-                packed.extend([0] * (rows - len(packed)))
-            buf = self._accepted_buf[:rows]
-            buf.copy_(torch.frombuffer(packed, dtype=torch.int32))
-            device_counts = buf
+            acc = self._h_acc
+            acc[:n] = a
+            acc[n:rows] = 0
+            device_counts = self._t_acc[:rows]
+            if not self._on_cpu:
+                device_counts = self._accepted_buf[:rows].copy_(device_counts)
         if verified == 0 and plan.external:
             p = plan.page_ids.long()
             pending = self.cache.pending
@@ -653,4 +668,5 @@ class StateManager:
                 t.index_copy_(0, idx, saved_layer[name].to(self.device))
         self.cache.cursors.index_copy_(1, idx, saved.cursors.to(self.device))
         self._requests[request_id] = _Request(pages)
+        self._first_page[request_id] = pages[0]
         return pages[0]
