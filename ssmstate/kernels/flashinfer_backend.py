@@ -53,9 +53,9 @@ from typing import Any
 import attrs
 import torch
 
+from ssmstate.backends import ReferenceBackend
 from ssmstate.cache import StateCache
 from ssmstate.errors import BackendUnavailableError, ConfigError, ShapeError
-from ssmstate.kernels import reference as ref
 from ssmstate.layout import PageLayout
 from ssmstate.plan import StepPlan
 
@@ -225,7 +225,7 @@ class _CacheBuffers:
     retired: list[object] = attrs.field(factory=list)
 
 
-class FlashInferBackend:
+class FlashInferBackend(ReferenceBackend):
     """FlashInfer kernels on the shared layout; reference commit, materialize and conv.
 
     Args:
@@ -445,27 +445,6 @@ class FlashInferBackend:
             out=ov, cache_steps=T, cu_seqlens=cu, num_accepted_tokens=nat, algorithm=self.native_algorithm,
         )
         return out
-
-    def conv(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, weight: Tensor,
-             bias: Tensor | None, activation: str | None, out: Tensor) -> Tensor:
-        return ref.conv_update(cache.layers[layer]["conv"], cache.conv_shift, xBC, weight, bias,
-                               plan.page_ids_host, plan.cu_seqlens_host, out, activation=activation)
-
-    def commit(self, cache: StateCache, plan: StepPlan, accepted: Tensor, update_conv: bool,
-               error_flag: Tensor) -> None:
-        """Reference commit (device-side torch ops): its ``c + q > W`` is the kernel's flush rule."""
-        if cache.layout.scheme == "native":
-            ref.native_commit(cache.state_slot, cache.pending, cache.conv_shift, plan.page_ids, accepted,
-                              update_conv, error_flag)
-        else:
-            spec = cache.layout.spec
-            ref.replay_commit(cache.ring_start, cache.num_committed, cache.pending, cache.conv_shift,
-                              plan.page_ids, accepted, spec.window, spec.ring_len, update_conv, error_flag)
-
-    def materialize(self, cache: StateCache, layer: int, A: Tensor, page_ids: Tensor) -> None:
-        t = cache.layers[layer]
-        ref.replay_materialize(t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start,
-                               cache.num_committed, A, page_ids)
 
     # -- autotuning ----------------------------------------------------------------------
     def autotune(self, batch_sizes: Sequence[int] | None = None,
