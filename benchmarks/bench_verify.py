@@ -57,13 +57,28 @@ H, P, N, G = 128, 64, 128, 8
 DEV = "cuda"
 SMOKE = False  # --cpu-smoke: the whole script on CPU under the Triton interpreter, toy sizes, timings meaningless
 ACCEPT_P = 0.7
-#: launch configurations tried by --sweep (one head per program; see docs/performance.md)
+#: launch configurations tried by --sweep (one head per program; see docs/performance.md): the kernel
+#: variants READOUT ("dot": tl.dot(S0, Cᵀ); "fma": fp32 multiply + row sum per token; "chunk": S0 streamed
+#: in BLOCK_NC-column chunks, fp32 readout and fold per chunk) and FOLD ("dot3": 3xTF32 dot per N chunk
+#: re-reading the tile; "fma": rank-1 fp32 updates of the register tile), at the tile sizes / warp counts
+#: whose sm_90a register counts (in the comments, T=4 W=16, ptxas of Triton 3.6) allow >= 2 CTAs per SM
 SWEEP = [
-    {"BLOCK_P": 64, "num_warps": 4, "FOLD_N": 16},
-    {"BLOCK_P": 64, "num_warps": 8, "FOLD_N": 16},
-    {"BLOCK_P": 32, "num_warps": 4, "FOLD_N": 16},
-    {"BLOCK_P": 32, "num_warps": 8, "FOLD_N": 16},
-    {"BLOCK_P": 16, "num_warps": 4, "FOLD_N": 16},
+    {"READOUT": "dot", "FOLD": "dot3", "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 16},  # 84 regs
+    {"READOUT": "dot", "FOLD": "dot3", "BLOCK_P": 32, "num_warps": 4, "FOLD_N": 16},  # 123
+    {"READOUT": "fma", "FOLD": "dot3", "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 16},  # 186
+    {"READOUT": "fma", "FOLD": "dot3", "BLOCK_P": 64, "num_warps": 8, "FOLD_N": 16},  # 115
+    {"READOUT": "fma", "FOLD": "dot3", "BLOCK_P": 32, "num_warps": 4, "FOLD_N": 16},  # 118
+    {"READOUT": "fma", "FOLD": "dot3", "BLOCK_P": 16, "num_warps": 4, "FOLD_N": 16},  # 96
+    {"READOUT": "dot", "FOLD": "fma", "BLOCK_P": 64, "num_warps": 8},  # 127
+    {"READOUT": "fma", "FOLD": "fma", "BLOCK_P": 64, "num_warps": 8},  # 177
+    {"READOUT": "fma", "FOLD": "fma", "BLOCK_P": 32, "num_warps": 4},  # 128
+    {"READOUT": "fma", "FOLD": "fma", "BLOCK_P": 32, "num_warps": 8},  # 80
+    {"READOUT": "fma", "FOLD": "fma", "BLOCK_P": 16, "num_warps": 4},  # 96
+    {"READOUT": "chunk", "FOLD": "fma", "BLOCK_P": 64, "num_warps": 4, "BLOCK_NC": 16},  # 90
+    {"READOUT": "chunk", "FOLD": "fma", "BLOCK_P": 64, "num_warps": 4, "BLOCK_NC": 32},  # 136
+    {"READOUT": "chunk", "FOLD": "fma", "BLOCK_P": 64, "num_warps": 8, "BLOCK_NC": 16},  # 99
+    {"READOUT": "chunk", "FOLD": "fma", "BLOCK_P": 32, "num_warps": 4, "BLOCK_NC": 16},  # 80
+    {"READOUT": "chunk", "FOLD": "fma", "BLOCK_P": 16, "num_warps": 4, "BLOCK_NC": 32},  # 72
 ]
 
 
@@ -259,18 +274,34 @@ def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbp
         row["heuristic"] = trk.verify_config(b, H, P, N, R, T, torch.device(DEV), G)
         row["ours_default_nonflush_us"] = time_calls([ours(ids) for ids in sets], args.reps)
         if args.sweep:
-            best = (row["ours_default_nonflush_us"], None)
+            # every candidate on both routes; ours_* below use the fastest non-flush candidate
+            set_c(scen["flush"])
+            row["ours_default_flush_us"] = time_calls([ours(ids) for ids in sets], args.reps)
+            results = [{"config": dict(row["heuristic"]), "default": True,
+                        "nonflush_us": row["ours_default_nonflush_us"], "flush_us": row["ours_default_flush_us"]}]
             for cfg in SWEEP:
+                res = {"config": cfg}
                 try:
-                    us = time_calls([ours(ids, cfg) for ids in sets], args.reps)
-                except Exception as exc:  # a candidate that does not compile or launch is skipped
-                    log(f"  sweep b={b} {cfg}: failed {exc!r:.200}")
+                    for name in ("nonflush", "flush"):
+                        set_c(scen[name])
+                        res[f"{name}_us"] = time_calls([ours(ids, cfg) for ids in sets], args.reps)
+                except Exception as exc:  # a candidate that does not compile or launch is recorded and skipped
+                    res["error"] = repr(exc)[:300]
+                    log(f"  sweep b={b} {cfg}: failed {res['error']:.200}")
+                    results.append(res)
                     continue
-                log(f"  sweep b={b} {cfg}: {us:.2f} us")
-                if us < best[0]:
-                    best = (us, cfg)
-            cfg_used = best[1]
-            row["config_used"] = cfg_used or row["heuristic"]
+                log(f"  sweep b={b} {cfg}: nonflush {res['nonflush_us']:.2f} us, flush {res['flush_us']:.2f} us")
+                results.append(res)
+            ok = [r for r in results if "error" not in r]
+            row["sweep_results"] = results
+            for name in ("nonflush", "flush"):
+                win = min(ok, key=lambda r: r[f"{name}_us"])
+                row[f"sweep_best_{name}"] = {"config": win["config"], "us": win[f"{name}_us"],
+                                             "default": bool(win.get("default"))}
+                log(f"  sweep b={b} best {name}: {win['config']} {win[f'{name}_us']:.2f} us")
+            best = row["sweep_best_nonflush"]
+            cfg_used = None if best["default"] else best["config"]
+            row["config_used"] = best["config"]
         else:
             row["config_used"] = row["heuristic"]
         for name, cs in scen.items():
@@ -421,6 +452,18 @@ def print_table(rows: list[dict], copy_tbps: float, have_fi: bool) -> None:
     log("nf/fl: every row non-flush / flush; mix: measured batch at steady-state cursors; amort = (1-f) nf + f fl "
         "with f = fl% (acceptance p=0.7 per draft); vsFI = FI best nf / ours nf; vsFIam = same, amortized; "
         "vsNat = native / ours amortized. TB/s from the bytes model below.")
+    for r in rows:
+        if "sweep_results" not in r:
+            continue
+        log(f"sweep T={r['T']} W={r['W']} batch={r['batch']} (us nonflush / flush):")
+        for res in r["sweep_results"]:
+            c = res["config"]
+            tag = (f"{c.get('READOUT', '?')}/{c.get('FOLD', '?')} P{c.get('BLOCK_P')} w{c.get('num_warps')}"
+                   + (f" nc{c['BLOCK_NC']}" if "BLOCK_NC" in c else "")
+                   + (" (heuristic)" if res.get("default") else ""))
+            got = (f"{res['nonflush_us']:8.2f} {res['flush_us']:8.2f}" if "error" not in res
+                   else f"failed: {res['error'][:80]}")
+            log(f"  {tag:<30} {got}")
     seen = set()
     for r in rows:
         key = (r["T"], r["W"])
@@ -439,7 +482,8 @@ def main() -> None:
     ap.add_argument("--configs", default="4:16,2:16,8:16,4:32,8:32", help="T:W pairs")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--sweep", action="store_true",
-                    help="time our launch configs (SWEEP) per point and report ours with the fastest "
+                    help="time our kernel variants / launch configs (SWEEP) per point on both routes (sweep_results, "
+                         "sweep_best_nonflush / sweep_best_flush) and report ours with the fastest non-flush one "
                          "(the built-in heuristic is reported too, as ours_default_nonflush_us)")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--fi-configs", default=None,

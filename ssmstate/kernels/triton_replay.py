@@ -22,7 +22,10 @@ never forms an intermediate state:
 All math is fp32 (loads are upcast first, which also keeps the CPU
 interpreter exact); on the GPU the small products use tensor cores (exact
 16-bit products for B·C, tf32 for the output terms, 3xTF32 for the stored
-fold). Padding rows (page 0) exit at once and write nothing. Tensors are read
+fold). Variants of the state readout and fold (config keys ``READOUT``,
+``FOLD``; see :data:`VERIFY_VARIANT`) trade tensor-core dots on the state tile
+for plain fp32 FMAs on its register layout, with the same results up to
+rounding. Padding rows (page 0) exit at once and write nothing. Tensors are read
 and written contiguously along P and N (stride 1 there, as every cache tensor
 and the manager's inputs are).
 """
@@ -64,6 +67,35 @@ def _fold(S, XT, Bseq, dtp, is_hist, A, PREC: tl.constexpr):
     return S * tl.exp(tl.minimum(A * tot, 0.0)) + upd
 
 
+@triton.jit
+def _readout_fma(acc, S, C_ptr, lo, q, s_C_t, g, s_C_g, offs_n, mn, ss,
+                 S_LOOP: tl.constexpr, IDX64: tl.constexpr):
+    """``acc[:, s] += S · C_s`` over ``S``'s columns ``offs_n``, one fp32 multiply + row sum per token."""
+    for s in tl.static_range(S_LOOP):
+        ts = lo + s
+        if IDX64:
+            ts = ts.to(tl.int64)
+        cs = tl.load(C_ptr + ts * s_C_t + g * s_C_g + offs_n, mask=mn & (s < q), other=0.0).to(tl.float32)
+        ys = tl.sum(S * cs[None, :], axis=1)
+        acc += tl.where(ss[None, :] == s, ys[:, None], 0.0)
+    return acc
+
+
+@triton.jit
+def _rank1_fold(S, lam_k, k, c, rs, R, tot, A, dtr_base, s_dtr_r, xr_base, s_xr_r, offs_p, mp,
+                Br_base, s_Br_r, offs_n, mn, IDX64: tl.constexpr):
+    """History row ``k`` (masked past ``c``) of the fold: ``S += dt_k e^{A(Λ - Λ_k)} x_k B_kᵀ``."""
+    rk = (rs + k) % R
+    if IDX64:
+        rk = rk.to(tl.int64)
+    dk = tl.where(k < c, tl.load(dtr_base + rk * s_dtr_r), 0.0)
+    lam_k += dk
+    wk = dk * tl.exp(tl.minimum(A * (tot - lam_k), 0.0))
+    xk = tl.load(xr_base + rk * s_xr_r + offs_p, mask=mp, other=0.0).to(tl.float32)
+    bk = tl.load(Br_base + rk * s_Br_r + offs_n, mask=mn, other=0.0).to(tl.float32)
+    return S + (xk * wk)[:, None] * bk[None, :], lam_k
+
+
 # -- verify -------------------------------------------------------------------------------
 
 
@@ -87,6 +119,8 @@ def _replay_verify_kernel(
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr, FOLD_N: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PREC: tl.constexpr, FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, NATIVE_G: tl.constexpr,
+    READOUT_FMA: tl.constexpr, READOUT_CHUNK: tl.constexpr, BLOCK_NC: tl.constexpr, FOLD_FMA: tl.constexpr,
+    S_LOOP: tl.constexpr,
 ):
     # One program: one row, one head, one tile of BLOCK_P head-dim rows.
     pid = tl.program_id(0)
@@ -108,7 +142,8 @@ def _replay_verify_kernel(
         mS = mp[:, None] & mn[None, :]
         # The checkpoint tile is most of the traffic and needs only the page: issue it first.
         ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p + offs_n[None, :]
-        S = tl.load(ck, mask=mS, other=0.0).to(tl.float32)
+        if not READOUT_CHUNK:
+            S = tl.load(ck, mask=mS, other=0.0).to(tl.float32)
         c = tl.load(nc_ptr + page)
         rs = tl.load(rs_ptr + page)
         A = tl.load(A_ptr + h).to(tl.float32)
@@ -173,7 +208,50 @@ def _replay_verify_kernel(
         if HAS_D:  # D x_s rides on the diagonal k = c + s of the factor matrix
             F += tl.where((kk[:, None] == pos[None, :]) & ms[None, :], tl.load(D_ptr + h).to(tl.float32), 0.0)
         Y = tl.dot(XT, F, input_precision=DOT_PREC)
-        Y += tl.dot(S, CT, input_precision=DOT_PREC) * tl.exp(tl.minimum(A * lam_w, 0.0))[None, :]
+        dec = tl.exp(tl.minimum(A * lam_w, 0.0))
+        if READOUT_CHUNK:
+            # S0 streamed in BLOCK_NC-column chunks (a loop the compiler can pipeline; one chunk
+            # live at a time): fp32 readout, and on a flush row the chunk's fold and store.
+            acc = tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
+            tot = tl.sum(dth, axis=0)
+            carry = tl.exp(tl.minimum(A * tot, 0.0))
+            XTw = XT * (dth * tl.exp(tl.minimum(A * (tot - tl.cumsum(dth, axis=0)), 0.0)))[None, :]
+            dtr_base = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
+            ck_row = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p
+            for n0 in range(0, BLOCK_N, BLOCK_NC):
+                oc = n0 + tl.arange(0, BLOCK_NC)
+                if IDX64:
+                    oc = oc.to(tl.int64)
+                mnc = oc < N
+                mc = mp[:, None] & mnc[None, :]
+                Sn = tl.load(ck_row + oc[None, :], mask=mc, other=0.0).to(tl.float32)
+                acc = _readout_fma(acc, Sn, C_ptr, lo, q, s_C_t, g, s_C_g, oc, mnc, ss, S_LOOP, IDX64)
+                if flush:
+                    if FOLD_FMA:
+                        Sn = Sn * carry
+                        lam_k = A * 0.0
+                        if IDX64:  # the interpreter cannot loop to a loaded bound: BLOCK_K masked steps
+                            for k in tl.static_range(BLOCK_K):
+                                Sn, lam_k = _rank1_fold(Sn, lam_k, k, c, rs, R, tot, A, dtr_base, s_dtr_r, xr_base,
+                                                        s_xr_r, offs_p, mp, Br_base, s_Br_r, oc, mnc, IDX64)
+                        else:
+                            for k in range(0, c):
+                                Sn, lam_k = _rank1_fold(Sn, lam_k, k, c, rs, R, tot, A, dtr_base, s_dtr_r, xr_base,
+                                                        s_xr_r, offs_p, mp, Br_base, s_Br_r, oc, mnc, IDX64)
+                    else:
+                        Bc = tl.load(Br_base + ring[:, None] * s_Br_r + oc[None, :],
+                                     mask=is_hist[:, None] & mnc[None, :], other=0.0).to(tl.float32)
+                        Sn = Sn * carry + tl.dot(XTw, Bc, input_precision=FOLD_PREC)
+                    tl.store(ck_row + oc[None, :], Sn.to(ck_ptr.dtype.element_ty), mask=mc)
+            Y += acc * dec[None, :]
+        elif READOUT_FMA:
+            # S0 C_s as fp32 multiply + row reduction per window token, on S0's own register
+            # layout (no dot operand conversion of the tile); C_s rows are L1/L2 hits.
+            acc = tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
+            acc = _readout_fma(acc, S, C_ptr, lo, q, s_C_t, g, s_C_g, offs_n, mn, ss, S_LOOP, IDX64)
+            Y += acc * dec[None, :]
+        else:
+            Y += tl.dot(S, CT, input_precision=DOT_PREC) * dec[None, :]
         if HAS_Z:
             zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None],
                          mask=mo, other=0.0).to(tl.float32)
@@ -184,24 +262,43 @@ def _replay_verify_kernel(
         tl.store(xr_base + ring[None, :] * s_xr_r + offs_p[:, None], X_raw, mask=mp[:, None] & is_new[None, :])
         if pt == 0:
             tl.store(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, dtn, mask=is_new)
-        if flush:
-            # fold the history into the checkpoint, N chunk by N chunk (the tile is re-read
-            # from L2 so the full tile is not live across this branch)
-            tot = tl.sum(dth, axis=0)
-            wf = dth * tl.exp(tl.minimum(A * (tot - tl.cumsum(dth, axis=0)), 0.0))
-            XTw = XT * wf[None, :]
-            carry = tl.exp(tl.minimum(A * tot, 0.0))
-            ck_row = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p
-            for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
-                oc = n0 + tl.arange(0, FOLD_N)
-                if IDX64:
-                    oc = oc.to(tl.int64)
-                mc = mp[:, None] & (oc < N)[None, :]
-                Sc = tl.load(ck_row + oc[None, :], mask=mc, other=0.0).to(tl.float32)
-                Bc = tl.load(Br_base + ring[:, None] * s_Br_r + oc[None, :],
-                             mask=is_hist[:, None] & (oc < N)[None, :], other=0.0).to(tl.float32)
-                Sc = Sc * carry + tl.dot(XTw, Bc, input_precision=FOLD_PREC)
-                tl.store(ck_row + oc[None, :], Sc.to(ck_ptr.dtype.element_ty), mask=mc)
+        if not READOUT_CHUNK:  # (the chunked readout folded chunk by chunk above)
+            if FOLD_FMA:
+                if flush:
+                    # fold the history into the register tile S0, one rank-1 fp32 update per history
+                    # row (x_k, B_k: ring rows, L1/L2 hits): exact fp32, no second read of the tile
+                    tot = tl.sum(dth, axis=0)
+                    S = S * tl.exp(tl.minimum(A * tot, 0.0))
+                    lam_k = A * 0.0
+                    dtr_base = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
+                    if IDX64:  # the interpreter cannot loop to a loaded bound: BLOCK_K masked steps
+                        for k in tl.static_range(BLOCK_K):
+                            S, lam_k = _rank1_fold(S, lam_k, k, c, rs, R, tot, A, dtr_base, s_dtr_r,
+                                                   xr_base, s_xr_r, offs_p, mp, Br_base, s_Br_r, offs_n, mn, IDX64)
+                    else:
+                        for k in range(0, c):
+                            S, lam_k = _rank1_fold(S, lam_k, k, c, rs, R, tot, A, dtr_base, s_dtr_r,
+                                                   xr_base, s_xr_r, offs_p, mp, Br_base, s_Br_r, offs_n, mn, IDX64)
+                    tl.store(ck, S.to(ck_ptr.dtype.element_ty), mask=mS)
+            else:
+                if flush:
+                    # fold the history into the checkpoint, N chunk by N chunk (the tile is re-read
+                    # from L2 so the full tile is not live across this branch)
+                    tot = tl.sum(dth, axis=0)
+                    wf = dth * tl.exp(tl.minimum(A * (tot - tl.cumsum(dth, axis=0)), 0.0))
+                    XTw = XT * wf[None, :]
+                    carry = tl.exp(tl.minimum(A * tot, 0.0))
+                    ck_row = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p
+                    for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
+                        oc = n0 + tl.arange(0, FOLD_N)
+                        if IDX64:
+                            oc = oc.to(tl.int64)
+                        mc = mp[:, None] & (oc < N)[None, :]
+                        Sc = tl.load(ck_row + oc[None, :], mask=mc, other=0.0).to(tl.float32)
+                        Bc = tl.load(Br_base + ring[:, None] * s_Br_r + oc[None, :],
+                                     mask=is_hist[:, None] & (oc < N)[None, :], other=0.0).to(tl.float32)
+                        Sc = Sc * carry + tl.dot(XTw, Bc, input_precision=FOLD_PREC)
+                        tl.store(ck_row + oc[None, :], Sc.to(ck_ptr.dtype.element_ty), mask=mc)
 
 
 # -- materialize --------------------------------------------------------------------------
@@ -322,6 +419,17 @@ def _block_p(P: int, cap: int) -> int:
     return min(cap, _pow2(P))
 
 
+#: Verify kernel variants (config keys): ``READOUT`` "dot" (``tl.dot(S0, Cᵀ)``, tf32 on the GPU) or
+#: "fma" (fp32 multiply + row sum per window token on S0's register layout) or "chunk" (S0 streamed in
+#: ``BLOCK_NC``-column chunks through a loop, fp32 readout and, on flush rows, the fold and store per
+#: chunk with no second read of the tile); ``FOLD`` "dot3" (3xTF32
+#: ``tl.dot`` per N chunk, the chunk re-read from L2) or "fma" (rank-1 fp32 updates of the register
+#: tile, one per history row). The default heuristic merges VERIFY_VARIANT into every config it returns:
+#: the one place to switch the default (it may carry launch keys too, e.g. ``BLOCK_NC``, ``num_warps``).
+VERIFY_VARIANT: dict[str, Any] = {"READOUT": "dot", "FOLD": "dot3"}
+_VARIANT_VALUES = {"READOUT": ("dot", "fma", "chunk"), "FOLD": ("dot3", "fma")}
+
+
 def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: torch.device,
                   G: int = 1) -> dict[str, Any]:
     """Launch heuristic for :func:`replay_verify` (no autotuning: the interpreter cannot run it).
@@ -330,12 +438,12 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     (batch 1 at 128 heads) split P so more SMs stream the state at once.
     """
     if not _compiled(device):  # the interpreter pays per program: one masked tile per head
-        return {"BLOCK_P": min(_pow2(P), 128), "num_warps": 4, "num_stages": 1}
+        return {"BLOCK_P": min(_pow2(P), 128), "num_warps": 4, "num_stages": 1, **VERIFY_VARIANT}
     BLOCK_P = _block_p(P, 64)
     sms = _num_sms(device)
     while rows * H * triton.cdiv(P, BLOCK_P) < 1.5 * sms and BLOCK_P > 16 and P % (BLOCK_P // 2) == 0:
         BLOCK_P //= 2
-    return {"BLOCK_P": BLOCK_P, "num_warps": 4, "num_stages": 1, "FOLD_N": 16}
+    return {"BLOCK_P": BLOCK_P, "num_warps": 4, "num_stages": 1, "FOLD_N": 16, **VERIFY_VARIANT}
 
 
 def _compiled(device: torch.device) -> bool:
@@ -405,7 +513,10 @@ def replay_verify(
         D: (H,) skip or None. dt_bias: (H,) or None. z: (tokens, H, P) gate or None.
         Every tensor with a P or N dimension must be contiguous in it (stride 1).
         max_seqlen: longest row (<= 16); defaults to ``R - window`` (= T on the layout).
-        config: launch override, keys ``BLOCK_P``, ``FOLD_N`` (N chunk of the fold), ``num_warps``, ``num_stages``.
+        config: launch override, keys ``BLOCK_P``, ``FOLD_N`` (N chunk of the "dot3" fold), ``num_warps``,
+            ``num_stages``, and the variants ``READOUT`` ("dot"/"fma"/"chunk", ``BLOCK_NC`` the chunk width)
+            and ``FOLD`` ("dot3"/"fma"), see
+            :data:`VERIFY_VARIANT`; results agree to fp32/tf32 rounding across variants.
     Returns:
         ``out``.
     """
@@ -421,6 +532,9 @@ def replay_verify(
     cfg = dict(verify_config(rows, H, P, N, R, T, dev, G))
     if config:
         cfg.update(config)
+    for key, allowed in _VARIANT_VALUES.items():
+        if cfg.get(key, VERIFY_VARIANT[key]) not in allowed:
+            raise ValueError(f"config {key} must be one of {allowed}, got {cfg[key]!r}")
     BLOCK_P = cfg["BLOCK_P"]
     NPT = triton.cdiv(P, BLOCK_P)
     dot_prec, fold_prec = _dot_prec(dev)
@@ -442,6 +556,10 @@ def replay_verify(
         HAS_D=D is not None, HAS_DTB=dt_bias is not None, HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),
         DOT_PREC=dot_prec, FOLD_PREC=fold_prec, IDX64=INTERPRETED,
         NATIVE_G=_compiled(dev) and B.dtype == C.dtype and B.dtype in (torch.bfloat16, torch.float16),
+        READOUT_FMA=cfg.get("READOUT", VERIFY_VARIANT["READOUT"]) == "fma",
+        READOUT_CHUNK=cfg.get("READOUT", VERIFY_VARIANT["READOUT"]) == "chunk",
+        BLOCK_NC=min(_pow2(N), int(cfg.get("BLOCK_NC", 32))),
+        FOLD_FMA=cfg.get("FOLD", VERIFY_VARIANT["FOLD"]) == "fma", S_LOOP=min(T, _pow2(T)),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out

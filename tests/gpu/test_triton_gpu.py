@@ -46,6 +46,38 @@ def test_verify_configs(cfg):
     compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
 
 
+VARIANTS = [{"READOUT": r, "FOLD": f} for r in ("dot", "fma", "chunk") for f in ("dot3", "fma")]
+
+
+def _sweep_configs() -> list[dict]:
+    from benchmarks.bench_verify import SWEEP
+    return SWEEP
+
+
+@pytest.mark.parametrize("cfg,T,W", [(c, 4, 16) for c in _sweep_configs()] + [(v, 8, 32) for v in VARIANTS],
+                         ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()) if isinstance(c, dict) else str(c))
+def test_verify_sweep_configs(cfg, T, W):
+    """Every kernel variant / launch config the benchmark sweeps, mixed routes with padding, against the reference."""
+    gen = torch.Generator().manual_seed(T * 10 + W)
+    case = make_case(gen, DEV, pages=15, W=W, T=T, rows=12, n_pad=3, route="mixed", act_dtype=torch.bfloat16, **NEMO)
+    got = run_verify(trk.replay_verify, case, config=cfg)
+    want = run_verify(ref.replay_verify, case)
+    compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v['READOUT']}-{v['FOLD']}")
+@pytest.mark.parametrize("route,rows,state_dtype", [("flush", 6, torch.float32), ("nonflush", 6, torch.float32),
+                                                    ("mixed", 1, torch.float32), ("mixed", 7, torch.bfloat16)])
+def test_verify_variants_routes(variant, route, rows, state_dtype):
+    """Each READOUT / FOLD variant on one route at a time (heuristic launch: batch 1 takes the P split)."""
+    gen = torch.Generator().manual_seed(rows * 3 + len(route))
+    case = make_case(gen, DEV, pages=rows + 3, W=16, T=4, rows=rows, n_pad=1 if rows > 1 else 0, route=route,
+                     state_dtype=state_dtype, act_dtype=torch.bfloat16, **NEMO)
+    got = run_verify(trk.replay_verify, case, config=variant)
+    want = run_verify(ref.replay_verify, case)
+    compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5 if state_dtype == torch.float32 else 1e-2)
+
+
 @pytest.mark.parametrize("P,state_dtype,act_dtype", [
     (80, torch.float32, torch.bfloat16), (64, torch.bfloat16, torch.bfloat16), (64, torch.float32, torch.float16),
     (64, torch.float16, torch.float16),
