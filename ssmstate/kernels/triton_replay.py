@@ -434,14 +434,18 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                   G: int = 1) -> dict[str, Any]:
     """Launch heuristic for :func:`replay_verify` (no autotuning: the interpreter cannot run it).
 
-    A program streams one head's ``BLOCK_P x N`` checkpoint tile. Small grids
-    (batch 1 at 128 heads) split P so more SMs stream the state at once.
+    A program streams one head's ``BLOCK_P x N`` checkpoint tile. Only grids of
+    fewer programs than half the SMs (e.g. batch 1 with few heads per rank) split P:
+    on the H200 at 128 heads, batch 1 ran 6.5 µs unsplit against 7.2 µs with P split
+    in two (``docs/benchmarks/verify_h200_variants_b1.json``). The ``READOUT``/``FOLD``
+    variants in :data:`VERIFY_VARIANT` stay at ``dot``/``dot3``: every other variant was
+    slower on the H200 at batch 64 and 256 (``docs/performance.md`` §4).
     """
     if not _compiled(device):  # the interpreter pays per program: one masked tile per head
         return {"BLOCK_P": min(_pow2(P), 128), "num_warps": 4, "num_stages": 1, **VERIFY_VARIANT}
     BLOCK_P = _block_p(P, 64)
     sms = _num_sms(device)
-    while rows * H * triton.cdiv(P, BLOCK_P) < 1.5 * sms and BLOCK_P > 16 and P % (BLOCK_P // 2) == 0:
+    while rows * H * triton.cdiv(P, BLOCK_P) < 0.5 * sms and BLOCK_P > 16 and P % (BLOCK_P // 2) == 0:
         BLOCK_P //= 2
     return {"BLOCK_P": BLOCK_P, "num_warps": 4, "num_stages": 1, "FOLD_N": 16, **VERIFY_VARIANT}
 

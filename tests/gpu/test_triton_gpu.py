@@ -69,7 +69,7 @@ def test_verify_sweep_configs(cfg, T, W):
 @pytest.mark.parametrize("route,rows,state_dtype", [("flush", 6, torch.float32), ("nonflush", 6, torch.float32),
                                                     ("mixed", 1, torch.float32), ("mixed", 7, torch.bfloat16)])
 def test_verify_variants_routes(variant, route, rows, state_dtype):
-    """Each READOUT / FOLD variant on one route at a time (heuristic launch: batch 1 takes the P split)."""
+    """Each READOUT / FOLD variant on one route at a time (heuristic launch)."""
     gen = torch.Generator().manual_seed(rows * 3 + len(route))
     case = make_case(gen, DEV, pages=rows + 3, W=16, T=4, rows=rows, n_pad=1 if rows > 1 else 0, route=route,
                      state_dtype=state_dtype, act_dtype=torch.bfloat16, **NEMO)
