@@ -245,16 +245,19 @@ def _replay_commit_host(ring_start: np.ndarray, num_committed: np.ndarray, pendi
                         conv_shift: np.ndarray, page_ids: np.ndarray, num_accepted: np.ndarray, window: int,
                         ring_len: int, update_conv: bool, error_flag: np.ndarray) -> None:
     """:func:`replay_commit` on CPU tensors through numpy views: same rule, a tenth of the host time."""
-    p = page_ids[page_ids != 0]
-    a = num_accepted[page_ids != 0].astype(np.int32)
+    valid = page_ids != 0
+    if valid.all():  # no padding rows: index with the arrays as they are
+        p, a = page_ids, num_accepted
+    else:
+        p, a = page_ids[valid], num_accepted[valid]
     q = pending[p]
     c = num_committed[p]
-    if ((a < 0) | (a > q)).any():
+    if (a > q).any() or (a < 0).any():
         a = np.zeros_like(a)
         error_flag[0] |= 1
     flushed = c + q > window
-    ring_start[p] = np.where(flushed, (ring_start[p] + c) % ring_len, ring_start[p])
-    num_committed[p] = np.where(flushed, a, c + a)
+    ring_start[p] = (ring_start[p] + c * flushed) % ring_len
+    num_committed[p] = a + c * ~flushed
     pending[p] = 0
     if update_conv:
         conv_shift[p] = q - a
