@@ -161,7 +161,8 @@ def mgr():
 
 def _inputs(m, L):
     g = m.geometry
-    return (torch.randn(L, 4, 4), torch.randn(L, 4), torch.randn(L, 2, 8), torch.randn(L, 2, 8), -torch.rand(4) - 0.5)
+    H, P, N, G = g.heads_per_rank, g.head_dim, g.state_size, g.groups_per_rank
+    return (torch.randn(L, H, P), torch.randn(L, H), torch.randn(L, G, N), torch.randn(L, G, N), -torch.rand(H) - 0.5)
 
 
 def test_bad_calls_raise_and_change_nothing(mgr):
