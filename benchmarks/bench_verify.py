@@ -65,6 +65,8 @@ ACCEPT_P = 0.7
 SWEEP = [
     {"READOUT": "dot", "FOLD": "dot3", "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 16},  # 84 regs
     {"READOUT": "dot", "FOLD": "dot3", "BLOCK_P": 32, "num_warps": 4, "FOLD_N": 16},  # 123
+    {"READOUT": "dot16", "FOLD": "dot3", "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 16},
+    {"READOUT": "dot16", "FOLD": "dot3", "BLOCK_P": 64, "num_warps": 8, "FOLD_N": 16},
     {"READOUT": "fma", "FOLD": "dot3", "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 16},  # 186
     {"READOUT": "fma", "FOLD": "dot3", "BLOCK_P": 64, "num_warps": 8, "FOLD_N": 16},  # 115
     {"READOUT": "fma", "FOLD": "dot3", "BLOCK_P": 32, "num_warps": 4, "FOLD_N": 16},  # 118

@@ -45,7 +45,7 @@ TOL = {torch.float32: 2e-5, torch.bfloat16: 1.5e-2, torch.float16: 4e-3}
 
 
 #: every verify kernel variant (READOUT x FOLD), see trk.VERIFY_VARIANT (BLOCK_NC: chunk width of "chunk")
-VARIANTS = [{"READOUT": r, "FOLD": f} for r in ("dot", "fma", "chunk") for f in ("dot3", "fma")]
+VARIANTS = [{"READOUT": r, "FOLD": f} for r in ("dot", "fma", "chunk", "dot16") for f in ("dot3", "fma")]
 
 
 @st.composite

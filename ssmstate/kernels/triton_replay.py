@@ -119,7 +119,7 @@ def _replay_verify_kernel(
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr, FOLD_N: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PREC: tl.constexpr, FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, NATIVE_G: tl.constexpr,
-    READOUT_FMA: tl.constexpr, READOUT_CHUNK: tl.constexpr, BLOCK_NC: tl.constexpr, FOLD_FMA: tl.constexpr,
+    READOUT_FMA: tl.constexpr, READOUT_CHUNK: tl.constexpr, READOUT_16: tl.constexpr, BLOCK_NC: tl.constexpr, FOLD_FMA: tl.constexpr,
     S_LOOP: tl.constexpr,
 ):
     # One program: one row, one head, one tile of BLOCK_P head-dim rows.
@@ -250,6 +250,9 @@ def _replay_verify_kernel(
             acc = tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
             acc = _readout_fma(acc, S, C_ptr, lo, q, s_C_t, g, s_C_g, offs_n, mn, ss, S_LOOP, IDX64)
             Y += acc * dec[None, :]
+        elif READOUT_16 and NATIVE_G:
+            # the tile rounded to C's 16-bit dtype in registers, one 16-bit MMA (fp32 accumulation)
+            Y += tl.dot(S.to(Cw_raw.dtype), tl.trans(Cw_raw)) * dec[None, :]
         else:
             Y += tl.dot(S, CT, input_precision=DOT_PREC) * dec[None, :]
         if HAS_Z:
@@ -419,7 +422,9 @@ def _block_p(P: int, cap: int) -> int:
     return min(cap, _pow2(P))
 
 
-#: Verify kernel variants (config keys): ``READOUT`` "dot" (``tl.dot(S0, Cᵀ)``, tf32 on the GPU) or
+#: Verify kernel variants (config keys): ``READOUT`` "dot" (``tl.dot(S0, Cᵀ)``, tf32 on the GPU),
+#: "dot16" (the tile rounded to C's 16-bit dtype in registers for one 16-bit MMA, as FlashInfer's
+#: readout does; fp32 like "dot" where B/C are not 16-bit or under the interpreter) or
 #: "fma" (fp32 multiply + row sum per window token on S0's register layout) or "chunk" (S0 streamed in
 #: ``BLOCK_NC``-column chunks through a loop, fp32 readout and, on flush rows, the fold and store per
 #: chunk with no second read of the tile); ``FOLD`` "dot3" (3xTF32
@@ -427,7 +432,7 @@ def _block_p(P: int, cap: int) -> int:
 #: tile, one per history row). The default heuristic merges VERIFY_VARIANT into every config it returns:
 #: the one place to switch the default (it may carry launch keys too, e.g. ``BLOCK_NC``, ``num_warps``).
 VERIFY_VARIANT: dict[str, Any] = {"READOUT": "dot", "FOLD": "dot3"}
-_VARIANT_VALUES = {"READOUT": ("dot", "fma", "chunk"), "FOLD": ("dot3", "fma")}
+_VARIANT_VALUES = {"READOUT": ("dot", "fma", "chunk", "dot16"), "FOLD": ("dot3", "fma")}
 
 
 def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: torch.device,
@@ -562,6 +567,7 @@ def replay_verify(
         NATIVE_G=_compiled(dev) and B.dtype == C.dtype and B.dtype in (torch.bfloat16, torch.float16),
         READOUT_FMA=cfg.get("READOUT", VERIFY_VARIANT["READOUT"]) == "fma",
         READOUT_CHUNK=cfg.get("READOUT", VERIFY_VARIANT["READOUT"]) == "chunk",
+        READOUT_16=cfg.get("READOUT", VERIFY_VARIANT["READOUT"]) == "dot16",
         BLOCK_NC=min(_pow2(N), int(cfg.get("BLOCK_NC", 32))),
         FOLD_FMA=cfg.get("FOLD", VERIFY_VARIANT["FOLD"]) == "fma", S_LOOP=min(T, _pow2(T)),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],

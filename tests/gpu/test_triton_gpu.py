@@ -46,7 +46,7 @@ def test_verify_configs(cfg):
     compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
 
 
-VARIANTS = [{"READOUT": r, "FOLD": f} for r in ("dot", "fma", "chunk") for f in ("dot3", "fma")]
+VARIANTS = [{"READOUT": r, "FOLD": f} for r in ("dot", "fma", "chunk", "dot16") for f in ("dot3", "fma")]
 
 
 def _sweep_configs() -> list[dict]:
