@@ -105,9 +105,6 @@ class Mamba2Geometry:
         """Bytes of one SSM state (H, P, N) on one rank."""
         return self.heads_per_rank * self.head_dim * self.state_size * dtype_size(self.state_dtype)
 
-    def with_tp(self, tp_size: int) -> "Mamba2Geometry":
-        return attrs.evolve(self, tp_size=tp_size)
-
     def describe(self) -> dict[str, Any]:
         return {
             "num_heads": self.num_heads, "head_dim": self.head_dim, "state_size": self.state_size,

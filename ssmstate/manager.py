@@ -290,10 +290,7 @@ class StateManager:
         (CUDA-graph batch buckets). With a uniform ``num_tokens`` padding rows get
         that many tokens, otherwise none.
         """
-        if self._open is not None:
-            raise LifecycleError(
-                f"step {self._open.step_id} is still open; commit or roll it back before begin_step"
-            )
+        self._require_no_open_step()
         ids = tuple(request_ids)
         n = len(ids)
         if n == 0:
@@ -376,10 +373,7 @@ class StateManager:
             num_tokens: host row lengths if the engine has them (CPU-side query
                 starts); otherwise ``max_seqlen`` is recorded for every row.
         """
-        if self._open is not None:
-            raise LifecycleError(
-                f"step {self._open.step_id} is still open; commit or roll it back before begin_step"
-            )
+        self._require_no_open_step()
         dev = self.device
         if not isinstance(page_ids, torch.Tensor) or page_ids.dtype != torch.int32 or page_ids.dim() != 1 \
                 or page_ids.device != dev:
@@ -432,6 +426,12 @@ class StateManager:
         p = page_ids.long()
         cur = self.cache.cursors
         cur[:, p] = torch.where(p != 0, torch.zeros_like(cur[:, p]), cur[:, p])
+
+    def _require_no_open_step(self) -> None:
+        if self._open is not None:
+            raise LifecycleError(
+                f"step {self._open.step_id} is still open; commit or roll it back before begin_step"
+            )
 
     def _check_open(self, plan: StepPlan, verb: str) -> None:
         if not isinstance(plan, StepPlan):

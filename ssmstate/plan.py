@@ -57,8 +57,3 @@ class StepPlan:
     @property
     def num_requests(self) -> int:
         return len(self.request_ids)
-
-    @property
-    def is_uniform(self) -> bool:
-        """Every row has the same length (a dense ``(rows, q, ...)`` view exists)."""
-        return len(set(self.num_tokens)) <= 1

@@ -154,6 +154,29 @@ def test_commit_matches_reference(seed, T, extra_w, bad, short_counts, update_co
     assert torch.equal(c2[:, 0], cur[:, 0]), "page 0 cursors were written"
 
 
+@pytest.mark.parametrize("bad", [False, True])
+def test_commit_batch_wider_than_one_block(bad):
+    """More rows than one commit block (1024): the chunked path checks the whole batch before moving cursors."""
+    gen = torch.Generator().manual_seed(1)
+    pages, rows, W, T = 1300, 1100, 16, 4
+    R = W + T
+    cur = torch.stack([
+        torch.randint(0, R, (pages,), generator=gen), torch.randint(0, W + 1, (pages,), generator=gen),
+        torch.randint(1, T + 1, (pages,), generator=gen), torch.randint(0, T + 1, (pages,), generator=gen),
+    ]).to(torch.int32)
+    ids = (torch.randperm(pages - 1, generator=gen)[:rows] + 1).to(torch.int32)
+    ids[-3:] = 0
+    q = cur[2][ids.long()]
+    acc = (torch.rand(rows, generator=gen) * (q + 1).float()).floor().to(torch.int32)
+    if bad:
+        acc[1050] = q[1050] + 1  # in the second block: the first block must not commit either
+    c1, c2 = cur.clone(), cur.clone()
+    e1, e2 = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    ref._replay_commit_torch(c1[0], c1[1], c1[2], c1[3], ids, acc, W, R, True, e1)
+    trk.replay_commit(c2[0], c2[1], c2[2], c2[3], ids, acc, W, R, True, e2)
+    assert torch.equal(c1, c2) and int(e1) == int(e2) == int(bad)
+
+
 @settings(max_examples=12, **SETTINGS)
 @given(st.integers(0, 2**16), st.sampled_from([(16, 16), (24, 32), (8, 24)]), st.integers(1, 8))
 def test_materialize_matches_reference(seed, PN, T):

@@ -352,6 +352,16 @@ def _replay_materialize_kernel(
 
 
 @triton.jit
+def _commit_rows(page_ptr, acc_ptr, pend_ptr, offs, rows, n_acc):
+    """Page, validity, accepted count and pending count of the batch rows ``offs``."""
+    page = tl.load(page_ptr + offs, mask=offs < rows, other=0)
+    valid = page != 0
+    a = tl.load(acc_ptr + offs, mask=valid & (offs < n_acc), other=0)
+    q = tl.load(pend_ptr + page, mask=valid, other=0)
+    return page, valid, a, q
+
+
+@triton.jit
 def _commit_apply(rs_ptr, nc_ptr, pend_ptr, cs_ptr, page, valid, a, q, ok, window, R, UPDATE_CONV: tl.constexpr):
     a = tl.where(ok, a, 0)
     c = tl.load(nc_ptr + page, mask=valid, other=0)
@@ -372,29 +382,19 @@ def _replay_commit_kernel(
 ):
     # One program: the whole batch is checked before any cursor moves.
     if NUM_CHUNKS == 1:  # the batch fits one block: load once
-        offs = tl.arange(0, BLOCK)
-        page = tl.load(page_ptr + offs, mask=offs < rows, other=0)
-        valid = page != 0
-        a = tl.load(acc_ptr + offs, mask=valid & (offs < n_acc), other=0)
-        q = tl.load(pend_ptr + page, mask=valid, other=0)
+        page, valid, a, q = _commit_rows(page_ptr, acc_ptr, pend_ptr, tl.arange(0, BLOCK), rows, n_acc)
         ok = tl.sum((valid & ((a < 0) | (a > q))).to(tl.int32), axis=0) == 0
         _commit_apply(rs_ptr, nc_ptr, pend_ptr, cs_ptr, page, valid, a, q, ok, window, R, UPDATE_CONV)
     else:
         bad = tl.zeros((BLOCK,), dtype=tl.int32)
         for chunk in tl.static_range(NUM_CHUNKS):
             offs = chunk * BLOCK + tl.arange(0, BLOCK)
-            page = tl.load(page_ptr + offs, mask=offs < rows, other=0)
-            valid = page != 0
-            a = tl.load(acc_ptr + offs, mask=valid & (offs < n_acc), other=0)
-            q = tl.load(pend_ptr + page, mask=valid, other=0)
+            page, valid, a, q = _commit_rows(page_ptr, acc_ptr, pend_ptr, offs, rows, n_acc)
             bad += (valid & ((a < 0) | (a > q))).to(tl.int32)
         ok = tl.sum(bad, axis=0) == 0
         for chunk in tl.static_range(NUM_CHUNKS):
             offs = chunk * BLOCK + tl.arange(0, BLOCK)
-            page = tl.load(page_ptr + offs, mask=offs < rows, other=0)
-            valid = page != 0
-            a = tl.load(acc_ptr + offs, mask=valid & (offs < n_acc), other=0)
-            q = tl.load(pend_ptr + page, mask=valid, other=0)
+            page, valid, a, q = _commit_rows(page_ptr, acc_ptr, pend_ptr, offs, rows, n_acc)
             _commit_apply(rs_ptr, nc_ptr, pend_ptr, cs_ptr, page, valid, a, q, ok, window, R, UPDATE_CONV)
     err = tl.load(err_ptr)
     tl.store(err_ptr, err | tl.where(ok, 0, 1))
