@@ -57,30 +57,19 @@ H, P, N, G = 128, 64, 128, 8
 DEV = "cuda"
 SMOKE = False  # --cpu-smoke: the whole script on CPU under the Triton interpreter, toy sizes, timings meaningless
 ACCEPT_P = 0.7
-#: launch configurations tried by --sweep (one head per program; see docs/performance.md): the kernel
-#: variants READOUT ("dot": tl.dot(S0, Cᵀ); "fma": fp32 multiply + row sum per token; "chunk": S0 streamed
-#: in BLOCK_NC-column chunks, fp32 readout and fold per chunk) and FOLD ("dot3": 3xTF32 dot per N chunk
-#: re-reading the tile; "fma": rank-1 fp32 updates of the register tile), at the tile sizes / warp counts
-#: whose sm_90a register counts (in the comments, T=4 W=16, ptxas of Triton 3.6) allow >= 2 CTAs per SM
+#: launch configurations tried by --sweep (docs/performance.md §6 has how each did): one head per program
+#: with the whole tile or the tile streamed in NC-column chunks over NS pipeline stages (FUSE: flush rows
+#: fold while streaming), register caps (maxnreg), and multi-head programs (HPP) with prefetching
 SWEEP = [
-    {"READOUT": "dot", "FOLD": "dot3", "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 16},  # 84 regs
-    {"READOUT": "dot", "FOLD": "dot3", "BLOCK_P": 32, "num_warps": 4, "FOLD_N": 16},  # 123
-    {"READOUT": "dot16", "FOLD": "dot3", "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 16},
-    {"READOUT": "dot16", "FOLD": "dot3", "BLOCK_P": 64, "num_warps": 8, "FOLD_N": 16},
-    {"READOUT": "fma", "FOLD": "dot3", "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 16},  # 186
-    {"READOUT": "fma", "FOLD": "dot3", "BLOCK_P": 64, "num_warps": 8, "FOLD_N": 16},  # 115
-    {"READOUT": "fma", "FOLD": "dot3", "BLOCK_P": 32, "num_warps": 4, "FOLD_N": 16},  # 118
-    {"READOUT": "fma", "FOLD": "dot3", "BLOCK_P": 16, "num_warps": 4, "FOLD_N": 16},  # 96
-    {"READOUT": "dot", "FOLD": "fma", "BLOCK_P": 64, "num_warps": 8},  # 127
-    {"READOUT": "fma", "FOLD": "fma", "BLOCK_P": 64, "num_warps": 8},  # 177
-    {"READOUT": "fma", "FOLD": "fma", "BLOCK_P": 32, "num_warps": 4},  # 128
-    {"READOUT": "fma", "FOLD": "fma", "BLOCK_P": 32, "num_warps": 8},  # 80
-    {"READOUT": "fma", "FOLD": "fma", "BLOCK_P": 16, "num_warps": 4},  # 96
-    {"READOUT": "chunk", "FOLD": "fma", "BLOCK_P": 64, "num_warps": 4, "BLOCK_NC": 16},  # 90
-    {"READOUT": "chunk", "FOLD": "fma", "BLOCK_P": 64, "num_warps": 4, "BLOCK_NC": 32},  # 136
-    {"READOUT": "chunk", "FOLD": "fma", "BLOCK_P": 64, "num_warps": 8, "BLOCK_NC": 16},  # 99
-    {"READOUT": "chunk", "FOLD": "fma", "BLOCK_P": 32, "num_warps": 4, "BLOCK_NC": 16},  # 80
-    {"READOUT": "chunk", "FOLD": "fma", "BLOCK_P": 16, "num_warps": 4, "BLOCK_NC": 32},  # 72
+    {"HPP": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32, "NC": 32, "NS": 3, "maxnreg": 80},
+    {"HPP": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32, "maxnreg": 80},
+    {"HPP": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32, "NC": 32, "NS": 3, "FUSE": True},
+    {"HPP": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32, "NC": 32, "NS": 3, "maxnreg": 72},
+    {"HPP": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32, "NC": 64, "NS": 2, "maxnreg": 80},
+    {"HPP": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32, "NC": 16, "NS": 4, "maxnreg": 72},
+    {"HPP": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32},
+    {"HPP": 16, "PREFETCH": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32},
+    {"HPP": 4, "PREFETCH": 2, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32},
 ]
 
 
@@ -460,8 +449,7 @@ def print_table(rows: list[dict], copy_tbps: float, have_fi: bool) -> None:
         log(f"sweep T={r['T']} W={r['W']} batch={r['batch']} (us nonflush / flush):")
         for res in r["sweep_results"]:
             c = res["config"]
-            tag = (f"{c.get('READOUT', '?')}/{c.get('FOLD', '?')} P{c.get('BLOCK_P')} w{c.get('num_warps')}"
-                   + (f" nc{c['BLOCK_NC']}" if "BLOCK_NC" in c else "")
+            tag = (f"h{c.get('HPP', '-')} pf{c.get('PREFETCH', '-')} nc{c.get('NC', 0)}/{c.get('NS', '-')}{'F' if c.get('FUSE') else ''} P{c.get('BLOCK_P')} r{c.get('maxnreg', '-')}"
                    + (" (heuristic)" if res.get("default") else ""))
             got = (f"{res['nonflush_us']:8.2f} {res['flush_us']:8.2f}" if "error" not in res
                    else f"failed: {res['error'][:80]}")

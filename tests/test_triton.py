@@ -44,10 +44,6 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Heal
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1.5e-2, torch.float16: 4e-3}
 
 
-#: every verify kernel variant (READOUT x FOLD), see trk.VERIFY_VARIANT (BLOCK_NC: chunk width of "chunk")
-VARIANTS = [{"READOUT": r, "FOLD": f} for r in ("dot", "fma", "chunk", "dot16") for f in ("dot3", "fma")]
-
-
 @st.composite
 def verify_cases(draw):
     G = draw(st.sampled_from([1, 2]))
@@ -62,7 +58,8 @@ def verify_cases(draw):
         state_dtype=draw(st.sampled_from([torch.float32, torch.float32, torch.bfloat16])),
         act_dtype=draw(st.sampled_from([torch.float32, torch.float32, torch.bfloat16, torch.float16])),
         extras=draw(st.booleans()),
-        config=draw(st.sampled_from([None, {"BLOCK_P": 16, "FOLD_N": 16}, *VARIANTS])),
+        config=draw(st.sampled_from([None, {"BLOCK_P": 16, "FOLD_N": 16}, {"HPP": 1, "FOLD_N": 8},
+                                     {"HPP": 1, "NC": 8}, {"HPP": 1, "NC": 16, "FUSE": True}])),
         seed=draw(st.integers(0, 2**16)),
     )
 
@@ -86,26 +83,34 @@ def test_verify_matches_reference(c):
     compare_verify(case, got, want, out_tol=TOL[c["act_dtype"]], state_tol=state_tol)
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v['READOUT']}-{v['FOLD']}")
-@pytest.mark.parametrize("route,state_dtype,P,N,T,W", [
-    ("flush", torch.float32, 24, 24, 4, 8), ("mixed", torch.bfloat16, 16, 32, 3, 12),
-    ("nonflush", torch.float32, 8, 16, 8, 16),
+#: launches: heads per program (HPP divides the 4 heads per group below), P and N tiles
+GROUP_CONFIGS = [{"HPP": 1}, {"HPP": 2, "BLOCK_P": 16, "FOLD_N": 16}, {"HPP": 1, "BLOCK_P": 8, "FOLD_N": 8},
+                 {"HPP": 2, "PREFETCH": 0, "FOLD_N": 32}, {"HPP": 4, "PREFETCH": 2}, {"HPP": 1, "NC": 16},
+                 {"HPP": 2, "NC": 16, "PREFETCH": 2}, {"HPP": 1, "NC": 8, "FUSE": True},
+                 {"HPP": 2, "NC": 16, "FUSE": True, "PREFETCH": 0}]
+
+
+@pytest.mark.parametrize("cfg", GROUP_CONFIGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("route,state_dtype,act_dtype,P,N", [
+    ("flush", torch.float32, torch.float32, 24, 24), ("mixed", torch.bfloat16, torch.bfloat16, 16, 32),
+    ("mixed", torch.float32, torch.float16, 16, 32),
 ])
-def test_verify_variants(variant, route, state_dtype, P, N, T, W):
-    """Each READOUT / FOLD variant against the reference (both routes, non-power-of-two P and N, tile tails)."""
-    gen = torch.Generator().manual_seed(P * 7 + T)
-    case = make_case(gen, "cpu", pages=7, H=4, G=2, P=P, N=N, W=W, T=T, rows=5, n_pad=1, route=route,
-                     state_dtype=state_dtype, act_dtype=torch.float32)
-    got = run_verify(trk.replay_verify, case, config=dict(variant, BLOCK_P=16, BLOCK_NC=16))
-    compare_verify(case, got, run_verify(ref.replay_verify, case), out_tol=TOL[torch.float32],
-                   state_tol=TOL[state_dtype])
+def test_verify_group_configs(cfg, route, state_dtype, act_dtype, P, N):
+    """Launch shapes against the reference: head chunks, P tiles, streamed / whole-tile readout, fold chunks."""
+    gen = torch.Generator().manual_seed(P + N)
+    case = make_case(gen, "cpu", pages=7, H=8, G=2, P=P, N=N, W=12, T=3, rows=5, n_pad=1, route=route,
+                     state_dtype=state_dtype, act_dtype=act_dtype)
+    got = run_verify(trk.replay_verify, case, config=cfg)
+    compare_verify(case, got, run_verify(ref.replay_verify, case), out_tol=TOL[act_dtype],
+                   state_tol=TOL[torch.float32] if state_dtype == torch.float32 else TOL[state_dtype])
 
 
-def test_verify_rejects_unknown_variant():
+def test_verify_rejects_bad_config():
     case = make_case(torch.Generator().manual_seed(0), "cpu", pages=4, H=2, G=1, P=16, N=16, W=8, T=2, rows=2, n_pad=0)
     before = {k: v.clone() for k, v in case["state"].items()}
-    for bad in ({"READOUT": "mma"}, {"FOLD": "dot"}):
-        with pytest.raises(ValueError, match="must be one of"):
+    for bad, match in (({"READOUT": "dot"}, "unknown config keys"), ({"NC": 12}, "power of two"),
+                       ({"HPP": 3}, "HPP must divide"), ({"HPP": 0}, "HPP must divide")):
+        with pytest.raises(ValueError, match=match):
             trk.replay_verify(*(case["state"][k] for k in ("checkpoint", "x_ring", "B_ring", "dt_ring")),
                               case["ring_start"], case["num_committed"], case["x"], case["dt"], case["A"],
                               case["B"], case["C"], case["page_ids"], case["cu_seqlens"], case["W"],

@@ -4,16 +4,19 @@ Each public function has the signature of its PyTorch twin in
 :mod:`ssmstate.kernels.reference` (the contract and the ground truth), plus an
 optional trailing ``config`` to override the launch heuristic.
 
-Verify, one program per (row, head, P tile), streams the checkpoint tile
-``S0`` (P x N) once (its load is issued first: it needs only the page) and
-never forms an intermediate state:
+Verify, one program per (row, ``HPP`` heads of one group, P tile), reads the
+checkpoint tile ``S0`` (P x N) once and never forms an intermediate state:
 
 * the row's sequence is ``c`` history rows from the ring followed by the ``q``
   new tokens (``c + q <= R``), indexed ``k``; every ring row, history or
   appended, lives at ``(ring_start + k) % R``;
 * outputs, on both routes: ``Y = X_seqᵀ F + (S0 Cᵀ) * exp(A Λ_w)`` with the
   causal factor matrix ``F[k, s] = (B_k·C_s) dt_k exp(A (Λ_{c+s} - Λ_k))``
-  (the flush route's "outputs from S1 + new rows" is the same quantity);
+  (the flush route's "outputs from S1 + new rows" is the same quantity); the
+  Gram ``B·Cᵀ`` is computed once per program for its heads;
+* ``S0 Cᵀ`` comes from the whole tile (loaded first: it needs only the page) or
+  from the tile streamed in column chunks through a pipelined loop (config
+  ``NC``), which holds a few chunks of shared memory instead of the tile;
 * the flush decision ``c + q > W`` is taken per row on the device from the
   cursors; a flush row also folds the history into the checkpoint
   (``S1 = e^{AΛ_h} S0 + (X_h w)ᵀ B_h``, N chunk by N chunk) and stores it, so
@@ -21,13 +24,11 @@ never forms an intermediate state:
 
 All math is fp32 (loads are upcast first, which also keeps the CPU
 interpreter exact); on the GPU the small products use tensor cores (exact
-16-bit products for B·C, tf32 for the output terms, 3xTF32 for the stored
-fold). Variants of the state readout and fold (config keys ``READOUT``,
-``FOLD``; see :data:`VERIFY_VARIANT`) trade tensor-core dots on the state tile
-for plain fp32 FMAs on its register layout, with the same results up to
-rounding. Padding rows (page 0) exit at once and write nothing. Tensors are read
-and written contiguously along P and N (stride 1 there, as every cache tensor
-and the manager's inputs are).
+16-bit products for B·C, tf32 for the output terms, and for the stored fold
+two tf32 products of a hi/lo split of ``X_h w`` against the 16-bit ``B_h``,
+which tf32 holds exactly; 3xTF32 for fp32 rings). Padding rows (page 0) exit at
+once and write nothing. Tensors are read and written contiguously along P and N
+(stride 1 there, as every cache tensor and the manager's inputs are).
 """
 
 from __future__ import annotations
@@ -67,36 +68,254 @@ def _fold(S, XT, Bseq, dtp, is_hist, A, PREC: tl.constexpr):
     return S * tl.exp(tl.minimum(A * tot, 0.0)) + upd
 
 
+# -- verify -------------------------------------------------------------------------------
+
+
 @triton.jit
-def _readout_fma(acc, S, C_ptr, lo, q, s_C_t, g, s_C_g, offs_n, mn, ss,
-                 S_LOOP: tl.constexpr, IDX64: tl.constexpr):
-    """``acc[:, s] += S · C_s`` over ``S``'s columns ``offs_n``, one fp32 multiply + row sum per token."""
-    for s in tl.static_range(S_LOOP):
-        ts = lo + s
-        if IDX64:
-            ts = ts.to(tl.int64)
-        cs = tl.load(C_ptr + ts * s_C_t + g * s_C_g + offs_n, mask=mn & (s < q), other=0.0).to(tl.float32)
-        ys = tl.sum(S * cs[None, :], axis=1)
-        acc += tl.where(ss[None, :] == s, ys[:, None], 0.0)
+def _tf32_split(v):
+    """``v = hi + lo`` with ``hi`` exact in tf32 (10 mantissa bits): two tf32 products give ~fp32."""
+    hi = (v.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+    return hi, v - hi
+
+
+@triton.jit
+def _load_tile(ck_page, h, s_ck_h, mS, S_CK_P: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+               EVEN: tl.constexpr):
+    """Head ``h``'s checkpoint tile (BLOCK_P, BLOCK_N), in the checkpoint's dtype."""
+    # offsets from constants only (the row stride S_CK_P is a constexpr): one base address per head
+    ck = ck_page + h * s_ck_h + (tl.arange(0, BLOCK_P)[:, None] * S_CK_P + tl.arange(0, BLOCK_N)[None, :])
+    if EVEN:  # no masks where P and N fill the blocks: fewer instructions
+        return tl.load(ck)
+    else:
+        return tl.load(ck, mask=mS, other=0.0)
+
+
+@triton.jit
+def _head_tile(ck_page, h, s_ck_h, mS, c_rows, ms, mp, N_, S_CK_P: tl.constexpr, BLOCK_P: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr, EVEN: tl.constexpr,
+               DOT_PREC: tl.constexpr, IDX64: tl.constexpr, FLUSH: tl.constexpr, FUSE: tl.constexpr):
+    """What a head needs of its checkpoint for the outputs: the tile (NC = 0) or ``S0 Cᵀ`` streamed (NC > 0;
+    nothing on a flush row, whose stream folds as it reads)."""
+    if FLUSH and FUSE:
+        return tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
+    elif NC > 0:
+        return _readout(ck_page, h, s_ck_h, c_rows, ms, mp, N_, S_CK_P, BLOCK_P, BLOCK_N, BLOCK_S, NC, NS, EVEN,
+                        DOT_PREC, IDX64)
+    else:
+        return _load_tile(ck_page, h, s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
+
+
+@triton.jit
+def _readout(ck_page, h, s_ck_h, c_rows, ms, mp, N_, S_CK_P: tl.constexpr, BLOCK_P: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr, EVEN: tl.constexpr,
+             DOT_PREC: tl.constexpr, IDX64: tl.constexpr):
+    """``S0 Cᵀ`` (BLOCK_P, BLOCK_S) for head ``h``, the tile streamed in NC-column chunks.
+
+    A matmul K loop: the compiler pipelines the chunk loads over NS stages (cp.async into shared
+    memory, read there by the tensor cores), so only NS chunks of shared memory and one small
+    accumulator are held, instead of the whole tile.
+    """
+    acc = tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
+    for n0 in tl.range(0, BLOCK_N, NC, num_stages=NS):
+        oc, ck, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P, BLOCK_P, NC, IDX64)
+        acc, Sc = _readout_step(acc, ck, mc, oc, c_rows, ms, N_, EVEN, DOT_PREC)
     return acc
 
 
 @triton.jit
-def _rank1_fold(S, lam_k, k, c, rs, R, tot, A, dtr_base, s_dtr_r, xr_base, s_xr_r, offs_p, mp,
-                Br_base, s_Br_r, offs_n, mn, IDX64: tl.constexpr):
-    """History row ``k`` (masked past ``c``) of the fold: ``S += dt_k e^{A(Λ - Λ_k)} x_k B_kᵀ``."""
-    rk = (rs + k) % R
+def _chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P: tl.constexpr, BLOCK_P: tl.constexpr, NC: tl.constexpr,
+           IDX64: tl.constexpr):
+    """Columns ``n0 .. n0 + NC - 1`` of head ``h``'s tile: their indices, pointers and mask."""
+    oc = n0 + tl.arange(0, NC)
     if IDX64:
-        rk = rk.to(tl.int64)
-    dk = tl.where(k < c, tl.load(dtr_base + rk * s_dtr_r), 0.0)
-    lam_k += dk
-    wk = dk * tl.exp(tl.minimum(A * (tot - lam_k), 0.0))
-    xk = tl.load(xr_base + rk * s_xr_r + offs_p, mask=mp, other=0.0).to(tl.float32)
-    bk = tl.load(Br_base + rk * s_Br_r + offs_n, mask=mn, other=0.0).to(tl.float32)
-    return S + (xk * wk)[:, None] * bk[None, :], lam_k
+        oc = oc.to(tl.int64)
+    ck = ck_page + h * s_ck_h + (tl.arange(0, BLOCK_P)[:, None] * S_CK_P + oc[None, :])
+    return oc, ck, mp[:, None] & (oc < N_)[None, :]
 
 
-# -- verify -------------------------------------------------------------------------------
+@triton.jit
+def _readout_step(acc, ck, mc, oc, c_rows, ms, N_, EVEN: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One chunk of the streamed readout: ``acc += S0[:, oc] C[:, oc]ᵀ``; returns the chunk too (fp32)."""
+    if EVEN:
+        Sc = tl.load(ck).to(tl.float32)
+    else:
+        Sc = tl.load(ck, mask=mc, other=0.0).to(tl.float32)
+    Cc = tl.load(c_rows[None, :] + oc[:, None], mask=ms[None, :] & (oc < N_)[:, None], other=0.0)
+    return tl.dot(Sc, Cc.to(tl.float32), acc, input_precision=DOT_PREC), Sc
+
+
+@triton.jit
+def _head_inputs(
+    h, is_hist, is_new, is_seq, ring, tok, tw, offs_p, mp, ms,
+    xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h, s_x_t, dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h,
+    A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr,
+):
+    """Head ``h``'s other global loads (issued together, so the loop keeps them in flight a head ahead)."""
+    # x over the sequence, transposed (BLOCK_P, BLOCK_K): ring rows for k < c, the window's inputs after
+    x_rows = tl.where(is_hist, xr_base + h * s_xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
+    X_raw = tl.load(x_rows[None, :] + offs_p[:, None], mask=mp[:, None] & is_seq[None, :], other=0.0)
+    dth = tl.load(dtr_base + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
+    dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0)
+    A = tl.load(A_ptr + h)
+    Dh = tl.load(D_ptr + h) if HAS_D else A
+    dtb = tl.load(dtb_ptr + h) if HAS_DTB else A
+    if HAS_Z:
+        zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=mp[:, None] & ms[None, :],
+                     other=0.0)
+    else:
+        zz = A
+    return X_raw, dth, dtn, A, Dh, dtb, zz
+
+
+@triton.jit
+def _verify_head(
+    h, S, X_raw, dth, dtn, A, Dh, dtb, zz,
+    ck_page, Cd, G, b_hist, N_, is_hist, is_new, causal, diag, ring, tw, offs_p, mp, ms, pt,
+    ck_ptr, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r, out_ptr, s_o_t, s_o_h, s_ck_h,
+    S_CK_P: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, EVEN: tl.constexpr,
+    FLUSH: tl.constexpr, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
+    c_rows, BLOCK_S: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr, IDX64: tl.constexpr,
+    FUSE: tl.constexpr,
+):
+    """One head of a verify row from its loaded inputs: outputs, ring append, and on a flush row the fold."""
+    A = A.to(tl.float32)
+    dtn = dtn.to(tl.float32)
+    if HAS_DTB:
+        dtn += dtb.to(tl.float32)
+    if DT_SOFTPLUS:
+        dtn = _softplus(dtn)
+    dtn = tl.where(is_new, dtn, 0.0)
+    dtp = tl.where(is_hist, dth, dtn)
+    XT = X_raw.to(tl.float32)
+    # y_s = e^{A Λ_w} S0 C_s + Σ_{k<=w} dt_k e^{A (Λ_w - Λ_k)} (B_k.C_s) x_k + D x_w, w = c + s
+    lam = tl.cumsum(dtp, axis=0)
+    lam_w = tl.sum(tl.where(diag, lam[:, None], 0.0), axis=0)
+    E = tl.exp(tl.minimum(A * (lam_w[None, :] - lam[:, None]), 0.0))
+    F = tl.where(causal, G * dtp[:, None] * E, 0.0)
+    if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
+        F += tl.where(diag, Dh.to(tl.float32), 0.0)
+    Y = tl.dot(XT, F, input_precision=DOT_PREC)
+    if FLUSH and FUSE:
+        # one stream over S0 in NC-column chunks: the readout S0 Cᵀ and the fold
+        # S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h of each chunk, stored over it (S0 read once)
+        tot = tl.sum(dth, axis=0)
+        XTw = XT * (dth * tl.exp(tl.minimum(A * (tot - tl.cumsum(dth, axis=0)), 0.0)))[None, :]
+        carry = tl.exp(tl.minimum(A * tot, 0.0))
+        if FOLD_SPLIT:
+            hi, lo = _tf32_split(XTw)
+        acc = tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
+        for n0 in tl.range(0, BLOCK_N, NC, num_stages=NS):
+            oc, ck, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P, BLOCK_P, NC, IDX64)
+            acc, Sc = _readout_step(acc, ck, mc, oc, c_rows, ms, N_, EVEN, DOT_PREC)
+            Bc = tl.load(b_hist[:, None] + oc[None, :], mask=is_hist[:, None] & (oc < N_)[None, :],
+                         other=0.0).to(tl.float32)
+            if FOLD_SPLIT:  # B_h exact in tf32 (16-bit ring): split only the x side, two tf32 dots
+                Sc = tl.dot(hi, Bc, acc=Sc * carry, input_precision="tf32")
+                Sc = tl.dot(lo, Bc, acc=Sc, input_precision="tf32")
+            else:
+                Sc = tl.dot(XTw, Bc, acc=Sc * carry, input_precision=FOLD_PREC)
+            if EVEN:
+                tl.store(ck, Sc.to(ck_ptr.dtype.element_ty))
+            else:
+                tl.store(ck, Sc.to(ck_ptr.dtype.element_ty), mask=mc)
+        Y += acc * tl.exp(tl.minimum(A * lam_w, 0.0))[None, :]
+    elif NC > 0:  # S is already S0 Cᵀ (streamed readout)
+        Y += S * tl.exp(tl.minimum(A * lam_w, 0.0))[None, :]
+    else:
+        Y += tl.dot(S.to(tl.float32), Cd, input_precision=DOT_PREC) * tl.exp(tl.minimum(A * lam_w, 0.0))[None, :]
+    if HAS_Z:
+        z = zz.to(tl.float32)
+        Y *= z * tl.sigmoid(z)
+    tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None], Y.to(out_ptr.dtype.element_ty),
+             mask=mp[:, None] & ms[None, :])
+    # append the window's x and dt rows to the ring (disjoint from the history: c + q <= R)
+    x_ring = xr_base + h * s_xr_h + ring * s_xr_r
+    tl.store(x_ring[None, :] + offs_p[:, None], X_raw, mask=mp[:, None] & is_new[None, :])
+    if pt == 0:
+        tl.store(dtr_base + h * s_dtr_h + ring * s_dtr_r, dtn, mask=is_new)
+    if FLUSH and not FUSE:
+        # S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0 N chunk by N chunk:
+        # each chunk of S0 is re-read (an L2 hit) so no full-tile accumulator is live next to S0
+        tot = tl.sum(dth, axis=0)
+        w = dth * tl.exp(tl.minimum(A * (tot - tl.cumsum(dth, axis=0)), 0.0))
+        XTw = XT * w[None, :]
+        carry = tl.exp(tl.minimum(A * tot, 0.0))
+        if FOLD_SPLIT:  # B_h exact in tf32 (16-bit ring): split only the x side, two tf32 dots
+            hi, lo = _tf32_split(XTw)
+        for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
+            oc, ckc, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P, BLOCK_P, FOLD_N, IDX64)
+            Bc = tl.load(b_hist[:, None] + oc[None, :], mask=is_hist[:, None] & (oc < N_)[None, :],
+                         other=0.0).to(tl.float32)
+            if EVEN:
+                Sc = tl.load(ckc).to(tl.float32) * carry
+            else:
+                Sc = tl.load(ckc, mask=mc, other=0.0).to(tl.float32) * carry
+            if FOLD_SPLIT:
+                Sc = tl.dot(hi, Bc, acc=Sc, input_precision="tf32")
+                Sc = tl.dot(lo, Bc, acc=Sc, input_precision="tf32")
+            else:
+                Sc = tl.dot(XTw, Bc, acc=Sc, input_precision=FOLD_PREC)
+            if EVEN:
+                tl.store(ckc, Sc.to(ck_ptr.dtype.element_ty))
+            else:
+                tl.store(ckc, Sc.to(ck_ptr.dtype.element_ty), mask=mc)
+
+
+@triton.jit
+def _verify_heads(
+    h0, S, ck_page, Cd, G, b_hist, N_, is_hist, is_new, is_seq, causal, diag, ring, tok, tw, offs_p, mp, mS, ms, pt,
+    ck_ptr, xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h, s_x_t, dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h,
+    A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h, s_ck_h,
+    S_CK_P: tl.constexpr, HPP: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, EVEN: tl.constexpr, FLUSH: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
+    c_rows, BLOCK_S: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr, IDX64: tl.constexpr,
+    FUSE: tl.constexpr,
+):
+    """Heads ``h0 .. h0 + HPP - 1`` of one row in a loop; ``S`` is head ``h0``'s tile, already in flight
+    (NC = 0; with NC > 0 the loop streams each head's tile itself).
+
+    PREFETCH double-buffers in registers: head i + 1's tile (1), or all its loads (2), are issued
+    before head i computes, so their DRAM round trip is off the loop's critical path (the last step
+    re-loads its own head, L2 hits, instead of a masked load).
+    """
+    if NC > 0:
+        S = _head_tile(ck_page, h0, s_ck_h, mS, c_rows, ms, mp, N_, S_CK_P, BLOCK_P, BLOCK_N, BLOCK_S, NC, NS,
+                       EVEN, DOT_PREC, IDX64, FLUSH, FUSE)
+    X_raw, dth, dtn, A, Dh, dtb, zz = _head_inputs(
+        h0, is_hist, is_new, is_seq, ring, tok, tw, offs_p, mp, ms, xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h, s_x_t,
+        dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h,
+        HAS_D, HAS_DTB, HAS_Z)
+    for i in range(HPP):
+        hn = h0 + tl.minimum(i + 1, HPP - 1)
+        if (PREFETCH >= 1) and (HPP > 1):  # the next head's tile (or readout) before this head computes
+            S2 = _head_tile(ck_page, hn, s_ck_h, mS, c_rows, ms, mp, N_, S_CK_P, BLOCK_P, BLOCK_N, BLOCK_S, NC, NS,
+                            EVEN, DOT_PREC, IDX64, FLUSH, FUSE)
+        if (PREFETCH >= 2) and (HPP > 1):  # and its other loads
+            X2, dth2, dtn2, A2, D2, dtb2, zz2 = _head_inputs(
+                hn, is_hist, is_new, is_seq, ring, tok, tw, offs_p, mp, ms, xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h,
+                s_x_t, dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h,
+                HAS_D, HAS_DTB, HAS_Z)
+        _verify_head(h0 + i, S, X_raw, dth, dtn, A, Dh, dtb, zz,
+                     ck_page, Cd, G, b_hist, N_, is_hist, is_new, causal, diag, ring, tw, offs_p, mp, ms, pt,
+                     ck_ptr, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r, out_ptr, s_o_t, s_o_h, s_ck_h,
+                     S_CK_P, BLOCK_P, BLOCK_N, FOLD_N, EVEN, FLUSH, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS,
+                     DOT_PREC, FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, FUSE)
+        if HPP > 1:
+            if PREFETCH >= 1:
+                S = S2
+            else:
+                S = _head_tile(ck_page, hn, s_ck_h, mS, c_rows, ms, mp, N_, S_CK_P, BLOCK_P, BLOCK_N, BLOCK_S, NC,
+                               NS, EVEN, DOT_PREC, IDX64, FLUSH, FUSE)
+            if PREFETCH >= 2:
+                X_raw, dth, dtn, A, Dh, dtb, zz = X2, dth2, dtn2, A2, D2, dtb2, zz2
+            else:
+                X_raw, dth, dtn, A, Dh, dtb, zz = _head_inputs(
+                    hn, is_hist, is_new, is_seq, ring, tok, tw, offs_p, mp, ms, xr_base, s_xr_h, s_xr_r, x_ptr,
+                    s_x_h, s_x_t, dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr,
+                    s_z_t, s_z_h, HAS_D, HAS_DTB, HAS_Z)
 
 
 @triton.jit
@@ -105,7 +324,7 @@ def _replay_verify_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
     page_ptr, cu_ptr,
     window, R, P, N,
-    s_ck_pg, s_ck_h, s_ck_p,
+    s_ck_pg, s_ck_h,
     s_xr_pg, s_xr_h, s_xr_r,
     s_Br_pg, s_Br_g, s_Br_r,
     s_dtr_pg, s_dtr_h, s_dtr_r,
@@ -115,193 +334,89 @@ def _replay_verify_kernel(
     s_C_t, s_C_g,
     s_z_t, s_z_h,
     s_o_t, s_o_h,
-    NPT: tl.constexpr, HPG: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr, FOLD_N: tl.constexpr,
+    S_CK_P: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr, HPP: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr, EVEN: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    DOT_PREC: tl.constexpr, FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, NATIVE_G: tl.constexpr,
-    READOUT_FMA: tl.constexpr, READOUT_CHUNK: tl.constexpr, READOUT_16: tl.constexpr, BLOCK_NC: tl.constexpr, FOLD_FMA: tl.constexpr,
-    S_LOOP: tl.constexpr,
+    DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr, IDX64: tl.constexpr,
+    NATIVE_G: tl.constexpr, PREFETCH: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr, FUSE: tl.constexpr,
 ):
-    # One program: one row, one head, one tile of BLOCK_P head-dim rows.
+    # One program: one row, HPP heads of one group (a loop whose checkpoint loads the compiler
+    # pipelines), one tile of BLOCK_P head-dim rows. What depends on the group only (cursors,
+    # B and C tiles, the Gram B·Cᵀ) is computed once for the HPP heads.
     pid = tl.program_id(0)
     row = tl.program_id(1)
     pt = pid % NPT
-    h = (pid // NPT).to(tl.int64)
-    g = h // HPG
+    chunk = pid // NPT  # (group, head chunk)
+    g = (chunk // (HPG // HPP)).to(tl.int64)
+    h0 = (chunk * HPP).to(tl.int64)
     page = tl.load(page_ptr + row).to(tl.int64)
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
     if (page != 0) & (q > 0):
         offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_n = tl.arange(0, BLOCK_N)
-        if IDX64:  # the interpreter checks every int32 vector op for overflow: int64 skips it
+        if IDX64:
             offs_p = offs_p.to(tl.int64)
             offs_n = offs_n.to(tl.int64)
         mp = offs_p < P
         mn = offs_n < N
         mS = mp[:, None] & mn[None, :]
-        # The checkpoint tile is most of the traffic and needs only the page: issue it first.
-        ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p + offs_n[None, :]
-        if not READOUT_CHUNK:
-            S = tl.load(ck, mask=mS, other=0.0).to(tl.float32)
-        c = tl.load(nc_ptr + page)
-        rs = tl.load(rs_ptr + page)
-        A = tl.load(A_ptr + h).to(tl.float32)
-        flush = c + q > window
-
-        # the row's sequence: c history rows from the ring, then the q window tokens
-        kk = tl.arange(0, BLOCK_K)
-        is_hist = kk < c
-        is_new = (kk >= c) & (kk < c + q)
-        ring = (rs + kk) % R  # ring row of sequence position k (history and appended alike)
-        tok = lo + tl.maximum(kk - c, 0)
         ss = tl.arange(0, BLOCK_S)
         ms = ss < q
         tw = lo + ss
         if IDX64:
+            tw = tw.to(tl.int64)
+        c_rows = C_ptr + tw * s_C_t + g * s_C_g  # C over the window, row pointers
+        # the first head's tile is most of the first round trip and needs only the page: issue it first
+        ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * S_CK_P
+        if NC > 0:  # streamed: the readout (or a flush row's fold) starts in the head loop
+            S = tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
+        else:
+            S = _load_tile(ck_page, h0, s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
+        c = tl.load(nc_ptr + page)
+        rs = tl.load(rs_ptr + page)
+        kk = tl.arange(0, BLOCK_K)
+        is_hist = kk < c
+        is_new = (kk >= c) & (kk < c + q)
+        is_seq = kk < c + q
+        ring = (rs + kk) % R  # ring row of sequence position k (history and appended alike)
+        tok = lo + tl.maximum(kk - c, 0)
+        if IDX64:  # the interpreter checks every int32 vector op for overflow: int64 skips it
             ring = ring.to(tl.int64)
             tok = tok.to(tl.int64)
-            tw = tw.to(tl.int64)
-        pos = c + ss  # sequence position of window token s
-
-        # One gather per sequence tile: row k comes from the ring (k < c) or the inputs (c <= k < c + q).
-        is_seq = kk < c + q
+        pos = c + ss
+        causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
+        diag = (kk[:, None] == pos[None, :]) & ms[None, :]
+        # the group's B over the sequence (ring rows, then the window's inputs) and C over the window
         Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
         b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
-        mB = is_seq[:, None] & mn[None, :]
-        B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=mB, other=0.0)  # (BLOCK_K, BLOCK_N)
-        Cw_raw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :],
-                         mask=ms[:, None] & mn[None, :], other=0.0)
-        CT = tl.trans(Cw_raw.to(tl.float32))
-        # G[k, s] = B_k . C_s
+        B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None] & mn[None, :], other=0.0)
+        Cw_raw = tl.load(c_rows[:, None] + offs_n[None, :], mask=ms[:, None] & mn[None, :], other=0.0)
         if NATIVE_G:  # 16-bit B and C: exact products, fp32 accumulation
             G = tl.dot(B_raw, tl.trans(Cw_raw))
         else:
-            G = tl.dot(B_raw.to(tl.float32), CT, input_precision=DOT_PREC)
-        if (pt == 0) & (h % HPG == 0):  # append the window's B rows to the ring, once per group
-            tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], B_raw,
-                     mask=is_new[:, None] & mn[None, :])
-        causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
-        mo = mp[:, None] & ms[None, :]
-
-        # processed dt over the sequence
-        dth = tl.load(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
-        dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
-        if HAS_DTB:
-            dtn += tl.load(dtb_ptr + h).to(tl.float32)
-        if DT_SOFTPLUS:
-            dtn = _softplus(dtn)
-        dtn = tl.where(is_new, dtn, 0.0)
-        dtp = tl.where(is_hist, dth, dtn)
-        # x over the sequence, transposed: (BLOCK_P, BLOCK_K)
-        xr_base = xr_ptr + page * s_xr_pg + h * s_xr_h
-        x_rows = tl.where(is_hist, xr_base + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
-        X_raw = tl.load(x_rows[None, :] + offs_p[:, None], mask=mp[:, None] & is_seq[None, :], other=0.0)
-        XT = X_raw.to(tl.float32)
-
-        # y_s = e^{A Λ_w} S0 C_s + Σ_{k<=w} dt_k e^{A (Λ_w - Λ_k)} (B_k.C_s) x_k, w = c + s.
-        # Both routes give these outputs; a flush row also stores the folded history.
-        lam = tl.cumsum(dtp, axis=0)
-        lam_w = tl.sum(tl.where(kk[:, None] == pos[None, :], lam[:, None], 0.0), axis=0)
-        E = tl.exp(tl.minimum(A * (lam_w[None, :] - lam[:, None]), 0.0))
-        F = tl.where(causal, G * dtp[:, None] * E, 0.0)
-        if HAS_D:  # D x_s rides on the diagonal k = c + s of the factor matrix
-            F += tl.where((kk[:, None] == pos[None, :]) & ms[None, :], tl.load(D_ptr + h).to(tl.float32), 0.0)
-        Y = tl.dot(XT, F, input_precision=DOT_PREC)
-        dec = tl.exp(tl.minimum(A * lam_w, 0.0))
-        if READOUT_CHUNK:
-            # S0 streamed in BLOCK_NC-column chunks (a loop the compiler can pipeline; one chunk
-            # live at a time): fp32 readout, and on a flush row the chunk's fold and store.
-            acc = tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
-            tot = tl.sum(dth, axis=0)
-            carry = tl.exp(tl.minimum(A * tot, 0.0))
-            XTw = XT * (dth * tl.exp(tl.minimum(A * (tot - tl.cumsum(dth, axis=0)), 0.0)))[None, :]
-            dtr_base = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
-            ck_row = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p
-            for n0 in range(0, BLOCK_N, BLOCK_NC):
-                oc = n0 + tl.arange(0, BLOCK_NC)
-                if IDX64:
-                    oc = oc.to(tl.int64)
-                mnc = oc < N
-                mc = mp[:, None] & mnc[None, :]
-                Sn = tl.load(ck_row + oc[None, :], mask=mc, other=0.0).to(tl.float32)
-                acc = _readout_fma(acc, Sn, C_ptr, lo, q, s_C_t, g, s_C_g, oc, mnc, ss, S_LOOP, IDX64)
-                if flush:
-                    if FOLD_FMA:
-                        Sn = Sn * carry
-                        lam_k = A * 0.0
-                        if IDX64:  # the interpreter cannot loop to a loaded bound: BLOCK_K masked steps
-                            for k in tl.static_range(BLOCK_K):
-                                Sn, lam_k = _rank1_fold(Sn, lam_k, k, c, rs, R, tot, A, dtr_base, s_dtr_r, xr_base,
-                                                        s_xr_r, offs_p, mp, Br_base, s_Br_r, oc, mnc, IDX64)
-                        else:
-                            for k in range(0, c):
-                                Sn, lam_k = _rank1_fold(Sn, lam_k, k, c, rs, R, tot, A, dtr_base, s_dtr_r, xr_base,
-                                                        s_xr_r, offs_p, mp, Br_base, s_Br_r, oc, mnc, IDX64)
-                    else:
-                        Bc = tl.load(Br_base + ring[:, None] * s_Br_r + oc[None, :],
-                                     mask=is_hist[:, None] & mnc[None, :], other=0.0).to(tl.float32)
-                        Sn = Sn * carry + tl.dot(XTw, Bc, input_precision=FOLD_PREC)
-                    tl.store(ck_row + oc[None, :], Sn.to(ck_ptr.dtype.element_ty), mask=mc)
-            Y += acc * dec[None, :]
-        elif READOUT_FMA:
-            # S0 C_s as fp32 multiply + row reduction per window token, on S0's own register
-            # layout (no dot operand conversion of the tile); C_s rows are L1/L2 hits.
-            acc = tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
-            acc = _readout_fma(acc, S, C_ptr, lo, q, s_C_t, g, s_C_g, offs_n, mn, ss, S_LOOP, IDX64)
-            Y += acc * dec[None, :]
-        elif READOUT_16 and NATIVE_G:
-            # the tile rounded to C's 16-bit dtype in registers, one 16-bit MMA (fp32 accumulation)
-            Y += tl.dot(S.to(Cw_raw.dtype), tl.trans(Cw_raw)) * dec[None, :]
+            G = tl.dot(B_raw.to(tl.float32), tl.trans(Cw_raw.to(tl.float32)), input_precision=DOT_PREC)
+        Cd = tl.trans(Cw_raw.to(tl.float32))  # (N, BLOCK_S), readout operand
+        if (pt == 0) & (h0 % HPG == 0):  # append the window's B rows to the ring, once per group
+            tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], B_raw, mask=is_new[:, None] & mn[None, :])
+        flush = c + q > window
+        xr_base = xr_ptr + page * s_xr_pg
+        dtr_base = dtr_ptr + page * s_dtr_pg
+        if flush:
+            b_hist = Br_base + ring * s_Br_r  # the history's B rows (re-read per N chunk of the fold)
+            _verify_heads(h0, S, ck_page, Cd, G, b_hist, N, is_hist, is_new, is_seq, causal, diag, ring, tok, tw,
+                          offs_p, mp, mS, ms, pt, ck_ptr, xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h, s_x_t,
+                          dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr,
+                          z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h, s_ck_h, S_CK_P, HPP, PREFETCH,
+                          BLOCK_P, BLOCK_N, FOLD_N, EVEN, True, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, DOT_PREC,
+                          FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, FUSE)
         else:
-            Y += tl.dot(S, CT, input_precision=DOT_PREC) * dec[None, :]
-        if HAS_Z:
-            zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None],
-                         mask=mo, other=0.0).to(tl.float32)
-            Y *= zz * tl.sigmoid(zz)
-        tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None],
-                 Y.to(out_ptr.dtype.element_ty), mask=mo)
-        # append the window's x and dt rows to the ring (disjoint from the history: c + q <= R)
-        tl.store(xr_base + ring[None, :] * s_xr_r + offs_p[:, None], X_raw, mask=mp[:, None] & is_new[None, :])
-        if pt == 0:
-            tl.store(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, dtn, mask=is_new)
-        if not READOUT_CHUNK:  # (the chunked readout folded chunk by chunk above)
-            if FOLD_FMA:
-                if flush:
-                    # fold the history into the register tile S0, one rank-1 fp32 update per history
-                    # row (x_k, B_k: ring rows, L1/L2 hits): exact fp32, no second read of the tile
-                    tot = tl.sum(dth, axis=0)
-                    S = S * tl.exp(tl.minimum(A * tot, 0.0))
-                    lam_k = A * 0.0
-                    dtr_base = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
-                    if IDX64:  # the interpreter cannot loop to a loaded bound: BLOCK_K masked steps
-                        for k in tl.static_range(BLOCK_K):
-                            S, lam_k = _rank1_fold(S, lam_k, k, c, rs, R, tot, A, dtr_base, s_dtr_r,
-                                                   xr_base, s_xr_r, offs_p, mp, Br_base, s_Br_r, offs_n, mn, IDX64)
-                    else:
-                        for k in range(0, c):
-                            S, lam_k = _rank1_fold(S, lam_k, k, c, rs, R, tot, A, dtr_base, s_dtr_r,
-                                                   xr_base, s_xr_r, offs_p, mp, Br_base, s_Br_r, offs_n, mn, IDX64)
-                    tl.store(ck, S.to(ck_ptr.dtype.element_ty), mask=mS)
-            else:
-                if flush:
-                    # fold the history into the checkpoint, N chunk by N chunk (the tile is re-read
-                    # from L2 so the full tile is not live across this branch)
-                    tot = tl.sum(dth, axis=0)
-                    wf = dth * tl.exp(tl.minimum(A * (tot - tl.cumsum(dth, axis=0)), 0.0))
-                    XTw = XT * wf[None, :]
-                    carry = tl.exp(tl.minimum(A * tot, 0.0))
-                    ck_row = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p
-                    for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
-                        oc = n0 + tl.arange(0, FOLD_N)
-                        if IDX64:
-                            oc = oc.to(tl.int64)
-                        mc = mp[:, None] & (oc < N)[None, :]
-                        Sc = tl.load(ck_row + oc[None, :], mask=mc, other=0.0).to(tl.float32)
-                        Bc = tl.load(Br_base + ring[:, None] * s_Br_r + oc[None, :],
-                                     mask=is_hist[:, None] & (oc < N)[None, :], other=0.0).to(tl.float32)
-                        Sc = Sc * carry + tl.dot(XTw, Bc, input_precision=FOLD_PREC)
-                        tl.store(ck_row + oc[None, :], Sc.to(ck_ptr.dtype.element_ty), mask=mc)
+            _verify_heads(h0, S, ck_page, Cd, G, b_rows, N, is_hist, is_new, is_seq, causal, diag, ring, tok, tw,
+                          offs_p, mp, mS, ms, pt, ck_ptr, xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h, s_x_t,
+                          dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr,
+                          z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h, s_ck_h, S_CK_P, HPP, PREFETCH,
+                          BLOCK_P, BLOCK_N, FOLD_N, EVEN, False, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, DOT_PREC,
+                          FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, FUSE)
 
 
 # -- materialize --------------------------------------------------------------------------
@@ -422,37 +537,30 @@ def _block_p(P: int, cap: int) -> int:
     return min(cap, _pow2(P))
 
 
-#: Verify kernel variants (config keys): ``READOUT`` "dot" (``tl.dot(S0, Cᵀ)``, tf32 on the GPU),
-#: "dot16" (the tile rounded to C's 16-bit dtype in registers for one 16-bit MMA, as FlashInfer's
-#: readout does; fp32 like "dot" where B/C are not 16-bit or under the interpreter) or
-#: "fma" (fp32 multiply + row sum per window token on S0's register layout) or "chunk" (S0 streamed in
-#: ``BLOCK_NC``-column chunks through a loop, fp32 readout and, on flush rows, the fold and store per
-#: chunk with no second read of the tile); ``FOLD`` "dot3" (3xTF32
-#: ``tl.dot`` per N chunk, the chunk re-read from L2) or "fma" (rank-1 fp32 updates of the register
-#: tile, one per history row). The default heuristic merges VERIFY_VARIANT into every config it returns:
-#: the one place to switch the default (it may carry launch keys too, e.g. ``BLOCK_NC``, ``num_warps``).
-VERIFY_VARIANT: dict[str, Any] = {"READOUT": "dot", "FOLD": "dot3"}
-_VARIANT_VALUES = {"READOUT": ("dot", "fma", "chunk", "dot16"), "FOLD": ("dot3", "fma")}
-
-
 def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: torch.device,
                   G: int = 1) -> dict[str, Any]:
     """Launch heuristic for :func:`replay_verify` (no autotuning: the interpreter cannot run it).
 
-    A program streams one head's ``BLOCK_P x N`` checkpoint tile. Only grids of
-    fewer programs than half the SMs (e.g. batch 1 with few heads per rank) split P:
-    on the H200 at 128 heads, batch 1 ran 6.5 µs unsplit against 7.2 µs with P split
-    in two (``docs/benchmarks/verify_h200_variants_b1.json``). The ``READOUT``/``FOLD``
-    variants in :data:`VERIFY_VARIANT` stay at ``dot``/``dot3``: every other variant was
-    slower on the H200 at batch 64 and 256 (``docs/performance.md`` §4).
+    Measured on the H200 (``docs/performance.md``): one head per program (``HPP`` 1) with the
+    registers capped at 80 (``maxnreg``: 6 programs per SM instead of 4-5) beat every multi-head
+    program; once the grid has >= 16 programs per SM, streaming the checkpoint through a
+    3-stage pipeline of 32-column chunks (``NC``/``NS``) beats loading the whole tile, which
+    stays best for small batches. P is split only for grids under half a program per SM.
+    The interpreter gets a whole group's heads per program (fewer, slower programs).
     """
-    if not _compiled(device):  # the interpreter pays per program: one masked tile per head
-        return {"BLOCK_P": min(_pow2(P), 128), "num_warps": 4, "num_stages": 1, **VERIFY_VARIANT}
+    HPG = H // max(G, 1)
+    if not _compiled(device):
+        return {"HPP": HPG, "BLOCK_P": min(_pow2(P), 128), "num_warps": 4, "num_stages": 1}
     BLOCK_P = _block_p(P, 64)
     sms = _num_sms(device)
     while rows * H * triton.cdiv(P, BLOCK_P) < 0.5 * sms and BLOCK_P > 16 and P % (BLOCK_P // 2) == 0:
         BLOCK_P //= 2
-    return {"BLOCK_P": BLOCK_P, "num_warps": 4, "num_stages": 1, "FOLD_N": 16, **VERIFY_VARIANT}
+    cfg: dict[str, Any] = {"HPP": 1, "BLOCK_P": BLOCK_P, "num_warps": 4, "num_stages": 1, "FOLD_N": 32}
+    if rows * H * triton.cdiv(P, BLOCK_P) >= 16 * sms:
+        cfg.update(NC=32, NS=3, FUSE=False)
+    if _pow2(R) <= 32:  # a 64-row sequence tile (W = 32) spills under the cap
+        cfg["maxnreg"] = 80
+    return cfg
 
 
 def _compiled(device: torch.device) -> bool:
@@ -522,10 +630,13 @@ def replay_verify(
         D: (H,) skip or None. dt_bias: (H,) or None. z: (tokens, H, P) gate or None.
         Every tensor with a P or N dimension must be contiguous in it (stride 1).
         max_seqlen: longest row (<= 16); defaults to ``R - window`` (= T on the layout).
-        config: launch override, keys ``BLOCK_P``, ``FOLD_N`` (N chunk of the "dot3" fold), ``num_warps``,
-            ``num_stages``, and the variants ``READOUT`` ("dot"/"fma"/"chunk", ``BLOCK_NC`` the chunk width)
-            and ``FOLD`` ("dot3"/"fma"), see
-            :data:`VERIFY_VARIANT`; results agree to fp32/tf32 rounding across variants.
+        config: launch override (see :func:`verify_config`), keys: ``HPP`` heads of one group per program
+            (divides H / G), ``BLOCK_P`` head-dim rows per program, ``NC`` (0: whole checkpoint tile; a power
+            of two >= 16 on the GPU: the tile streamed in NC-column chunks over ``NS`` pipeline stages),
+            ``FUSE`` (flush rows fold while streaming, NC > 0), ``FOLD_N`` (N chunk of the fold otherwise),
+            ``PREFETCH`` (HPP > 1: 0, 1 = next head's tile, 2 = all its loads ahead), ``num_warps``,
+            ``num_stages``, ``maxnreg`` (register cap, GPU only). Results agree to fp32/tf32 rounding
+            across configs.
     Returns:
         ``out``.
     """
@@ -540,39 +651,50 @@ def replay_verify(
     dev = x.device
     cfg = dict(verify_config(rows, H, P, N, R, T, dev, G))
     if config:
+        unknown = set(config) - _CONFIG_KEYS
+        if unknown:
+            raise ValueError(f"unknown config keys {sorted(unknown)}; known: {sorted(_CONFIG_KEYS)}")
         cfg.update(config)
-    for key, allowed in _VARIANT_VALUES.items():
-        if cfg.get(key, VERIFY_VARIANT[key]) not in allowed:
-            raise ValueError(f"config {key} must be one of {allowed}, got {cfg[key]!r}")
+    HPG = H // G
+    HPP = int(cfg.get("HPP", HPG))
+    if HPP < 1 or HPG % HPP:
+        raise ValueError(f"config HPP must divide the {HPG} heads per group, got {HPP}")
+    BLOCK_N = _pow2(N)
+    NC = min(BLOCK_N, int(cfg.get("NC", 0)))
+    if NC < 0 or NC & (NC - 1):
+        raise ValueError(f"config NC must be 0 or a power of two, got {cfg['NC']}")
     BLOCK_P = cfg["BLOCK_P"]
     NPT = triton.cdiv(P, BLOCK_P)
     dot_prec, fold_prec = _dot_prec(dev)
     dummy = dt_ring
-    Dp = D if D is not None else dummy
-    dtbp = dt_bias if dt_bias is not None else dummy
-    zp = z if z is not None else x
-    grid = (H * NPT, rows)
-    _replay_verify_kernel[grid](
+    _replay_verify_kernel[(H // HPP * NPT, rows)](
         checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed,
-        x, dt, A, B, C, Dp, dtbp, zp, out,
+        x, dt, A, B, C, D if D is not None else dummy, dt_bias if dt_bias is not None else dummy,
+        z if z is not None else x, out,
         page_ids, cu_seqlens,
         window, R, P, N,
-        *_outer(checkpoint=checkpoint), *_outer(x_ring=x_ring), *_outer(B_ring=B_ring), *dt_ring.stride(),
-        *_outer(x=x), *dt.stride(), *_outer(B=B), *_outer(C=C), *_outer(z=zp), *_outer(out=out),
-        NPT=NPT, HPG=H // G,
-        BLOCK_P=BLOCK_P, BLOCK_N=_pow2(N), BLOCK_K=_pow2(R), BLOCK_S=_pow2(T),
-        FOLD_N=min(_pow2(N), int(cfg.get("FOLD_N", 16 if _compiled(dev) else 128))),
+        *_outer(checkpoint=checkpoint)[:2], *_outer(x_ring=x_ring), *_outer(B_ring=B_ring), *dt_ring.stride(),
+        *_outer(x=x), *dt.stride(), *_outer(B=B), *_outer(C=C), *_outer(z=z if z is not None else x),
+        *_outer(out=out),
+        S_CK_P=checkpoint.stride(2), NPT=NPT, HPG=HPG, HPP=HPP,
+        BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N, BLOCK_K=_pow2(R), BLOCK_S=_pow2(T),
+        FOLD_N=min(BLOCK_N, int(cfg.get("FOLD_N", 32 if _compiled(dev) else BLOCK_N))),
+        EVEN=(P % BLOCK_P == 0) and N == BLOCK_N,
         HAS_D=D is not None, HAS_DTB=dt_bias is not None, HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),
-        DOT_PREC=dot_prec, FOLD_PREC=fold_prec, IDX64=INTERPRETED,
+        DOT_PREC=dot_prec, FOLD_SPLIT=_compiled(dev) and B_ring.dtype in (torch.bfloat16, torch.float16),
+        FOLD_PREC=fold_prec, IDX64=INTERPRETED,
         NATIVE_G=_compiled(dev) and B.dtype == C.dtype and B.dtype in (torch.bfloat16, torch.float16),
-        READOUT_FMA=cfg.get("READOUT", VERIFY_VARIANT["READOUT"]) == "fma",
-        READOUT_CHUNK=cfg.get("READOUT", VERIFY_VARIANT["READOUT"]) == "chunk",
-        READOUT_16=cfg.get("READOUT", VERIFY_VARIANT["READOUT"]) == "dot16",
-        BLOCK_NC=min(_pow2(N), int(cfg.get("BLOCK_NC", 32))),
-        FOLD_FMA=cfg.get("FOLD", VERIFY_VARIANT["FOLD"]) == "fma", S_LOOP=min(T, _pow2(T)),
+        PREFETCH=int(cfg.get("PREFETCH", 1)), NC=NC, NS=int(cfg.get("NS", 3)),
+        FUSE=NC > 0 and bool(cfg.get("FUSE", False)),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **({"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") and _compiled(dev) else {}),
     )
     return out
+
+
+#: config keys :func:`replay_verify` accepts
+_CONFIG_KEYS = frozenset({"HPP", "BLOCK_P", "NC", "NS", "FUSE", "FOLD_N", "PREFETCH", "num_warps", "num_stages",
+                          "maxnreg"})
 
 
 def replay_commit(
