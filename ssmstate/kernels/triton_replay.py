@@ -402,8 +402,9 @@ def _replay_verify_kernel(
         flush = c + q > window
         xr_base = xr_ptr + page * s_xr_pg
         dtr_base = dtr_ptr + page * s_dtr_pg
+        b_hist = Br_base + ring * s_Br_r  # the history's B rows (re-read per N chunk of a flush row's fold)
+        # two calls, one per route, so each loop body is specialized (FLUSH is a constexpr)
         if flush:
-            b_hist = Br_base + ring * s_Br_r  # the history's B rows (re-read per N chunk of the fold)
             _verify_heads(h0, S, ck_page, Cd, G, b_hist, N, is_hist, is_new, is_seq, causal, diag, ring, tok, tw,
                           offs_p, mp, mS, ms, pt, ck_ptr, xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h, s_x_t,
                           dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr,
@@ -411,7 +412,7 @@ def _replay_verify_kernel(
                           BLOCK_P, BLOCK_N, FOLD_N, EVEN, True, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, DOT_PREC,
                           FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, FUSE)
         else:
-            _verify_heads(h0, S, ck_page, Cd, G, b_rows, N, is_hist, is_new, is_seq, causal, diag, ring, tok, tw,
+            _verify_heads(h0, S, ck_page, Cd, G, b_hist, N, is_hist, is_new, is_seq, causal, diag, ring, tok, tw,
                           offs_p, mp, mS, ms, pt, ck_ptr, xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h, s_x_t,
                           dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr,
                           z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h, s_ck_h, S_CK_P, HPP, PREFETCH,
