@@ -63,9 +63,9 @@ def _fold(S, XT, Bseq, dtp, is_hist, A, PREC: tl.constexpr):
     dth = tl.where(is_hist, dtp, 0.0)
     lam = tl.cumsum(dth, axis=0)
     tot = tl.sum(dth, axis=0)
-    w = tl.where(is_hist, dth * tl.exp(tl.minimum(A * (tot - lam), 0.0)), 0.0)
+    w = tl.where(is_hist, dth * _decay(A, tot - lam), 0.0)
     upd = tl.dot(XT * w[None, :], Bseq, input_precision=PREC)
-    return S * tl.exp(tl.minimum(A * tot, 0.0)) + upd
+    return S * _decay(A, tot) + upd
 
 
 # -- verify -------------------------------------------------------------------------------
@@ -76,6 +76,50 @@ def _tf32_split(v):
     """``v = hi + lo`` with ``hi`` exact in tf32 (10 mantissa bits): two tf32 products give ~fp32."""
     hi = (v.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
     return hi, v - hi
+
+
+@triton.jit
+def _decay(A, lam):
+    """``e^{A lam}``, clamped at 1 (A < 0, lam >= 0: only rounding can push the exponent above 0)."""
+    return tl.exp(tl.minimum(A * lam, 0.0))
+
+
+@triton.jit
+def _fold_weights(XT, dth, A, FOLD_SPLIT: tl.constexpr):
+    """The fold's factors: ``XTw = X_hᵀ diag(w)`` with ``w_k = dt_k e^{A(Λ - Λ_k)}``, its tf32 hi/lo
+    split (FOLD_SPLIT; else both are ``XTw``), and the carry ``e^{AΛ}`` of the checkpoint."""
+    tot = tl.sum(dth, axis=0)
+    XTw = XT * (dth * _decay(A, tot - tl.cumsum(dth, axis=0)))[None, :]
+    if FOLD_SPLIT:
+        hi, lo = _tf32_split(XTw)
+    else:
+        hi, lo = XTw, XTw
+    return XTw, hi, lo, _decay(A, tot)
+
+
+@triton.jit
+def _fold_chunk(Sc, ck, mc, oc, b_hist, is_hist, N_, XTw, hi, lo, ck_ptr, EVEN: tl.constexpr,
+                FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr):
+    """Store ``Sc + (X_h w)ᵀ B_h[:, oc]`` (``Sc``: the chunk's carried checkpoint) over the chunk ``ck``."""
+    Bc = tl.load(b_hist[:, None] + oc[None, :], mask=is_hist[:, None] & (oc < N_)[None, :], other=0.0).to(tl.float32)
+    if FOLD_SPLIT:  # B_h exact in tf32 (16-bit ring): split only the x side, two tf32 dots
+        Sc = tl.dot(hi, Bc, acc=Sc, input_precision="tf32")
+        Sc = tl.dot(lo, Bc, acc=Sc, input_precision="tf32")
+    else:
+        Sc = tl.dot(XTw, Bc, acc=Sc, input_precision=FOLD_PREC)
+    if EVEN:
+        tl.store(ck, Sc.to(ck_ptr.dtype.element_ty))
+    else:
+        tl.store(ck, Sc.to(ck_ptr.dtype.element_ty), mask=mc)
+
+
+@triton.jit
+def _load_chunk(ck, mc, EVEN: tl.constexpr):
+    """A chunk of the checkpoint as fp32 (no mask where P and N fill the blocks)."""
+    if EVEN:
+        return tl.load(ck).to(tl.float32)
+    else:
+        return tl.load(ck, mask=mc, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -136,10 +180,7 @@ def _chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P: tl.constexpr, BLOCK_P: tl.con
 @triton.jit
 def _readout_step(acc, ck, mc, oc, c_rows, ms, N_, EVEN: tl.constexpr, DOT_PREC: tl.constexpr):
     """One chunk of the streamed readout: ``acc += S0[:, oc] C[:, oc]ᵀ``; returns the chunk too (fp32)."""
-    if EVEN:
-        Sc = tl.load(ck).to(tl.float32)
-    else:
-        Sc = tl.load(ck, mask=mc, other=0.0).to(tl.float32)
+    Sc = _load_chunk(ck, mc, EVEN)
     Cc = tl.load(c_rows[None, :] + oc[:, None], mask=ms[None, :] & (oc < N_)[:, None], other=0.0)
     return tl.dot(Sc, Cc.to(tl.float32), acc, input_precision=DOT_PREC), Sc
 
@@ -191,39 +232,24 @@ def _verify_head(
     # y_s = e^{A Λ_w} S0 C_s + Σ_{k<=w} dt_k e^{A (Λ_w - Λ_k)} (B_k.C_s) x_k + D x_w, w = c + s
     lam = tl.cumsum(dtp, axis=0)
     lam_w = tl.sum(tl.where(diag, lam[:, None], 0.0), axis=0)
-    E = tl.exp(tl.minimum(A * (lam_w[None, :] - lam[:, None]), 0.0))
-    F = tl.where(causal, G * dtp[:, None] * E, 0.0)
+    F = tl.where(causal, G * dtp[:, None] * _decay(A, lam_w[None, :] - lam[:, None]), 0.0)
     if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
         F += tl.where(diag, Dh.to(tl.float32), 0.0)
     Y = tl.dot(XT, F, input_precision=DOT_PREC)
     if FLUSH and FUSE:
         # one stream over S0 in NC-column chunks: the readout S0 Cᵀ and the fold
         # S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h of each chunk, stored over it (S0 read once)
-        tot = tl.sum(dth, axis=0)
-        XTw = XT * (dth * tl.exp(tl.minimum(A * (tot - tl.cumsum(dth, axis=0)), 0.0)))[None, :]
-        carry = tl.exp(tl.minimum(A * tot, 0.0))
-        if FOLD_SPLIT:
-            hi, lo = _tf32_split(XTw)
-        acc = tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
+        XTw, hi, lo, carry = _fold_weights(XT, dth, A, FOLD_SPLIT)
+        S = tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
         for n0 in tl.range(0, BLOCK_N, NC, num_stages=NS):
             oc, ck, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P, BLOCK_P, NC, IDX64)
-            acc, Sc = _readout_step(acc, ck, mc, oc, c_rows, ms, N_, EVEN, DOT_PREC)
-            Bc = tl.load(b_hist[:, None] + oc[None, :], mask=is_hist[:, None] & (oc < N_)[None, :],
-                         other=0.0).to(tl.float32)
-            if FOLD_SPLIT:  # B_h exact in tf32 (16-bit ring): split only the x side, two tf32 dots
-                Sc = tl.dot(hi, Bc, acc=Sc * carry, input_precision="tf32")
-                Sc = tl.dot(lo, Bc, acc=Sc, input_precision="tf32")
-            else:
-                Sc = tl.dot(XTw, Bc, acc=Sc * carry, input_precision=FOLD_PREC)
-            if EVEN:
-                tl.store(ck, Sc.to(ck_ptr.dtype.element_ty))
-            else:
-                tl.store(ck, Sc.to(ck_ptr.dtype.element_ty), mask=mc)
-        Y += acc * tl.exp(tl.minimum(A * lam_w, 0.0))[None, :]
-    elif NC > 0:  # S is already S0 Cᵀ (streamed readout)
-        Y += S * tl.exp(tl.minimum(A * lam_w, 0.0))[None, :]
+            S, Sc = _readout_step(S, ck, mc, oc, c_rows, ms, N_, EVEN, DOT_PREC)
+            _fold_chunk(Sc * carry, ck, mc, oc, b_hist, is_hist, N_, XTw, hi, lo, ck_ptr, EVEN, FOLD_SPLIT,
+                        FOLD_PREC)
+    if NC > 0:  # S is S0 Cᵀ (streamed readout)
+        Y += S * _decay(A, lam_w)[None, :]
     else:
-        Y += tl.dot(S.to(tl.float32), Cd, input_precision=DOT_PREC) * tl.exp(tl.minimum(A * lam_w, 0.0))[None, :]
+        Y += tl.dot(S.to(tl.float32), Cd, input_precision=DOT_PREC) * _decay(A, lam_w)[None, :]
     if HAS_Z:
         z = zz.to(tl.float32)
         Y *= z * tl.sigmoid(z)
@@ -237,29 +263,11 @@ def _verify_head(
     if FLUSH and not FUSE:
         # S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0 N chunk by N chunk:
         # each chunk of S0 is re-read (an L2 hit) so no full-tile accumulator is live next to S0
-        tot = tl.sum(dth, axis=0)
-        w = dth * tl.exp(tl.minimum(A * (tot - tl.cumsum(dth, axis=0)), 0.0))
-        XTw = XT * w[None, :]
-        carry = tl.exp(tl.minimum(A * tot, 0.0))
-        if FOLD_SPLIT:  # B_h exact in tf32 (16-bit ring): split only the x side, two tf32 dots
-            hi, lo = _tf32_split(XTw)
+        XTw, hi, lo, carry = _fold_weights(XT, dth, A, FOLD_SPLIT)
         for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
-            oc, ckc, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P, BLOCK_P, FOLD_N, IDX64)
-            Bc = tl.load(b_hist[:, None] + oc[None, :], mask=is_hist[:, None] & (oc < N_)[None, :],
-                         other=0.0).to(tl.float32)
-            if EVEN:
-                Sc = tl.load(ckc).to(tl.float32) * carry
-            else:
-                Sc = tl.load(ckc, mask=mc, other=0.0).to(tl.float32) * carry
-            if FOLD_SPLIT:
-                Sc = tl.dot(hi, Bc, acc=Sc, input_precision="tf32")
-                Sc = tl.dot(lo, Bc, acc=Sc, input_precision="tf32")
-            else:
-                Sc = tl.dot(XTw, Bc, acc=Sc, input_precision=FOLD_PREC)
-            if EVEN:
-                tl.store(ckc, Sc.to(ck_ptr.dtype.element_ty))
-            else:
-                tl.store(ckc, Sc.to(ck_ptr.dtype.element_ty), mask=mc)
+            oc, ck, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P, BLOCK_P, FOLD_N, IDX64)
+            _fold_chunk(_load_chunk(ck, mc, EVEN) * carry, ck, mc, oc, b_hist, is_hist, N_, XTw, hi, lo, ck_ptr,
+                        EVEN, FOLD_SPLIT, FOLD_PREC)
 
 
 @triton.jit
