@@ -57,19 +57,14 @@ H, P, N, G = 128, 64, 128, 8
 DEV = "cuda"
 SMOKE = False  # --cpu-smoke: the whole script on CPU under the Triton interpreter, toy sizes, timings meaningless
 ACCEPT_P = 0.7
-#: launch configurations tried by --sweep (docs/performance.md §6 has how each did): one head per program
-#: with the whole tile or the tile streamed in NC-column chunks over NS pipeline stages (FUSE: flush rows
-#: fold while streaming), register caps (maxnreg), and multi-head programs (HPP) with prefetching
+#: launch configurations tried by --sweep (docs/performance.md has how each did): the TMA kernel (checkpoint
+#: tile by one TMA copy into shared memory) with and without its register cap and with wider fold chunks, and
+#: the best LDG-kernel launches of earlier runs (tile streamed in NC-column chunks over NS stages, or whole)
 SWEEP = [
-    {"HPP": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32, "NC": 32, "NS": 3, "maxnreg": 80},
-    {"HPP": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32, "maxnreg": 80},
-    {"HPP": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32, "NC": 32, "NS": 3, "FUSE": True},
-    {"HPP": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32, "NC": 32, "NS": 3, "maxnreg": 72},
-    {"HPP": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32, "NC": 64, "NS": 2, "maxnreg": 80},
-    {"HPP": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32, "NC": 16, "NS": 4, "maxnreg": 72},
-    {"HPP": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32},
-    {"HPP": 16, "PREFETCH": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32},
-    {"HPP": 4, "PREFETCH": 2, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32},
+    {"KERNEL": "tma", "RING": True},
+    {"KERNEL": "tma", "RING": False},
+    {"KERNEL": "tma", "RING": True, "maxnreg": 96},
+    {"KERNEL": "ldg", "HPP": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32, "NC": 32, "NS": 3, "maxnreg": 80},
 ]
 
 
@@ -449,11 +444,11 @@ def print_table(rows: list[dict], copy_tbps: float, have_fi: bool) -> None:
         log(f"sweep T={r['T']} W={r['W']} batch={r['batch']} (us nonflush / flush):")
         for res in r["sweep_results"]:
             c = res["config"]
-            tag = (f"h{c.get('HPP', '-')} pf{c.get('PREFETCH', '-')} nc{c.get('NC', 0)}/{c.get('NS', '-')}{'F' if c.get('FUSE') else ''} P{c.get('BLOCK_P')} r{c.get('maxnreg', '-')}"
+            tag = (" ".join(f"{k}={v}" for k, v in c.items() if k not in ("num_warps", "num_stages"))
                    + (" (heuristic)" if res.get("default") else ""))
             got = (f"{res['nonflush_us']:8.2f} {res['flush_us']:8.2f}" if "error" not in res
                    else f"failed: {res['error'][:80]}")
-            log(f"  {tag:<30} {got}")
+            log(f"  {tag:<60} {got}")
     seen = set()
     for r in rows:
         key = (r["T"], r["W"])
@@ -475,6 +470,8 @@ def main() -> None:
                     help="time our kernel variants / launch configs (SWEEP) per point on both routes (sweep_results, "
                          "sweep_best_nonflush / sweep_best_flush) and report ours with the fastest non-flush one "
                          "(the built-in heuristic is reported too, as ours_default_nonflush_us)")
+    ap.add_argument("--sweep-configs", default=None,
+                    help="JSON list of launch configs to sweep instead of SWEEP (implies --sweep)")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--fi-configs", default=None,
                     help="T:W pairs that also run FlashInfer (default: every pair with W <= 16); FlashInfer "
@@ -483,7 +480,10 @@ def main() -> None:
                     help="run the script end to end on CPU under TRITON_INTERPRET=1 at toy sizes (CI smoke test)")
     args = ap.parse_args()
     t0 = time.time()
-    global DEV, SMOKE, H, P, N, G
+    global DEV, SMOKE, H, P, N, G, SWEEP
+    if args.sweep_configs:
+        SWEEP = json.loads(args.sweep_configs)
+        args.sweep = True
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"
         DEV, SMOKE, H, P, N, G = "cpu", True, 4, 16, 16, 2

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 Tensor = torch.Tensor
 
@@ -76,6 +77,13 @@ def _tf32_split(v):
     """``v = hi + lo`` with ``hi`` exact in tf32 (10 mantissa bits): two tf32 products give ~fp32."""
     hi = (v.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
     return hi, v - hi
+
+
+@triton.jit
+def _wrap(i, R):
+    """``i % R`` for ``0 <= i < 3R`` (ring rows): two selects instead of an integer division."""
+    i = tl.where(i >= R, i - R, i)
+    return tl.where(i >= R, i - R, i)
 
 
 @triton.jit
@@ -428,6 +436,186 @@ def _replay_verify_kernel(
                           FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, FUSE)
 
 
+# -- verify, TMA route -----------------------------------------------------------------------
+#
+# One program per (row, head, BLOCK_P rows of the head dim). Every load of the program but the
+# checkpoint is a plain gather issued first (the cursors, then the history and window rows); the
+# checkpoint tile then arrives by one TMA copy into shared memory while those loads are in flight,
+# and the readout's tensor-core product reads it there: on non-flush rows the tile never passes
+# through registers, which is what kept the LDG routes issue-bound (docs/performance.md).
+
+
+@triton.jit
+def _verify_tma_kernel(
+    ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
+    page_ptr, cu_ptr,
+    window, R, H, N,
+    s_ck_pg, s_ck_h,
+    s_xr_pg, s_xr_h, s_xr_r,
+    s_Br_pg, s_Br_g, s_Br_r,
+    s_dtr_pg, s_dtr_h, s_dtr_r,
+    s_x_t, s_x_h,
+    s_dt_t, s_dt_h,
+    s_B_t, s_B_g,
+    s_C_t, s_C_g,
+    s_z_t, s_z_h,
+    s_o_t, s_o_h,
+    P: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
+    FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, RING_ORDER: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = tl.program_id(1)
+    pt = pid % NPT
+    page32 = tl.load(page_ptr + row)
+    lo = tl.load(cu_ptr + row)
+    q = tl.load(cu_ptr + row + 1) - lo
+    if (page32 != 0) & (q > 0):
+        ck_row = (page32 * H + pid // NPT) * P + pt * BLOCK_P  # the tile's first row in the (pages * H * P, N) view
+        page = page32.to(tl.int64)
+        h = (pid // NPT).to(tl.int64)
+        g = h // HPG
+        offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
+        offs_n = tl.arange(0, BLOCK_N)
+        ss = tl.arange(0, BLOCK_S)
+        kk = tl.arange(0, BLOCK_K)
+        ms = ss < q
+        tw = lo + ss
+        if IDX64:  # the interpreter checks every int32 vector op for overflow: int64 skips it
+            offs_p = offs_p.to(tl.int64)
+            offs_n = offs_n.to(tl.int64)
+            tw = tw.to(tl.int64)
+        # what needs only the row: C over the window, the cursors
+        Cw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :], mask=ms[:, None], other=0.0)
+        c = tl.load(nc_ptr + page)
+        rs = tl.load(rs_ptr + page)
+        xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
+        Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
+        dtr_h = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
+        A = tl.load(A_ptr + h).to(tl.float32)
+        if HAS_Z:
+            zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=ms[None, :], other=0.0)
+        if RING_ORDER:
+            # rows k < R: the whole ring in ring order; rows R <= k < R + q: the window. No address needs the
+            # cursors, so these loads and the tile's copy go out without waiting for them (the rows outside
+            # the history are read too, and masked)
+            in_ring = kk < R
+            wi = kk - R  # window token of row k (k >= R)
+            is_new = (kk >= R) & (wi < q)
+            tok = lo + tl.maximum(wi, 0)
+            kr = kk
+            if IDX64:
+                tok = tok.to(tl.int64)
+                kr = kr.to(tl.int64)
+            x_rows = tl.where(in_ring, xr_h + kr * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
+            X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=(in_ring | is_new)[:, None], other=0.0)
+            b_rows = tl.where(in_ring, Br_base + kr * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
+            B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=(in_ring | is_new)[:, None], other=0.0)
+            dth = tl.load(dtr_h + kr * s_dtr_r, mask=in_ring, other=0.0)
+            dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
+        else:
+            # rows k < c: the history, gathered from the ring in sequence order; then the window
+            is_hist = kk < c
+            is_new = (kk >= c) & (kk < c + q)
+            is_seq = kk < c + q
+            ring = _wrap(rs + kk, R)  # ring row of sequence position k (history and appended alike)
+            tok = lo + tl.maximum(kk - c, 0)
+            if IDX64:
+                ring = ring.to(tl.int64)
+                tok = tok.to(tl.int64)
+            x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
+            X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_P)
+            b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
+            B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_N)
+            dth = tl.load(dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
+            dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
+        if HAS_DTB:
+            dtn += tl.load(dtb_ptr + h).to(tl.float32)
+        # the checkpoint tile: one TMA copy into shared memory (waited for here)
+        S0 = ck_desc.load([ck_row, 0])
+        # Λ over the sequence, the causal factors F[k, s] = (B_k·C_s) dt_k e^{A (Λ_{c+s} - Λ_k)}
+        if DT_SOFTPLUS:
+            dtn = _softplus(dtn)
+        dtn = tl.where(is_new, dtn, 0.0)
+        if RING_ORDER:
+            # history rows are ring rows rs .. rs + c - 1 (mod R): position (k - rs) mod R
+            is_hist = in_ring & (_wrap(kk - rs + R, R) < c)
+            X_raw = tl.where((is_hist | is_new)[:, None], X_raw, 0.0)  # stale ring rows never reach a product
+            dth = tl.where(is_hist, dth, 0.0)
+            dtp = dth + dtn
+            # prefix sums in sequence order from one in ring order: the rows before rs are the wrapped tail
+            before = tl.sum(tl.where(kk < rs, dtp, 0.0), axis=0)
+            tot = tl.sum(dth, axis=0)
+            lam = tl.cumsum(dtp, axis=0) + tl.where(in_ring, tl.where(kk >= rs, -before, tot - before), 0.0)
+            causal = (is_hist[:, None] | (is_new[:, None] & (wi[:, None] <= ss[None, :]))) & ms[None, :]
+            diag = (kk[:, None] == R + ss[None, :]) & ms[None, :]
+            ring = _wrap(rs + c + wi, R)  # where window row k is appended
+            if IDX64:
+                ring = ring.to(tl.int64)
+        else:
+            dtp = tl.where(is_hist, dth, dtn)
+            lam = tl.cumsum(dtp, axis=0)
+            pos = c + ss
+            causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
+            diag = (kk[:, None] == pos[None, :]) & ms[None, :]
+        lam_w = tl.sum(tl.where(diag, lam[:, None], 0.0), axis=0)
+        # B·Cᵀ over the sequence: tf32 holds 16-bit B and C exactly (exact products). The operands are
+        # masked / converted values, not bare loads, so the compiler stages them in shared memory here,
+        # after the tile's copy is issued, instead of right behind their loads.
+        if GRAM16:  # 16-bit B and C: exact products, fp32 accumulation
+            Gm = tl.dot(tl.where((is_hist | is_new)[:, None], B_raw, 0.0).to(B_raw.dtype), tl.trans(Cw))
+        else:
+            Gm = tl.dot(tl.where((is_hist | is_new)[:, None], B_raw.to(tl.float32), 0.0),
+                        tl.trans(Cw.to(tl.float32)), input_precision=DOT_PREC)
+        F = tl.where(causal, Gm * dtp[:, None] * _decay(A, lam_w[None, :] - lam[:, None]), 0.0)
+        if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
+            F += tl.where(diag, tl.load(D_ptr + h).to(tl.float32), 0.0)
+        # y_s = e^{A Λ_w} S0 C_s + Σ_k F[k, s] x_k: the readout from shared memory, then the sequence,
+        # both tf32 products into one accumulator (the decays ride on C's rows)
+        if READ16:  # 16-bit checkpoint in C's dtype: exact products, decays on the accumulator
+            Y = tl.dot(S0, tl.trans(Cw)) * _decay(A, lam_w)[None, :]
+        else:
+            Cd = Cw.to(tl.float32) * _decay(A, lam_w)[:, None]
+            Y = tl.dot(S0.to(tl.float32), tl.trans(Cd), input_precision=DOT_PREC)
+        XT = tl.trans(X_raw.to(tl.float32))
+        Y = tl.dot(XT, F, Y, input_precision=DOT_PREC)
+        if HAS_Z:
+            z = zz.to(tl.float32)
+            Y *= z * tl.sigmoid(z)
+        tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None], Y.to(out_ptr.dtype.element_ty),
+                 mask=ms[None, :])
+        # append the window's rows to the ring (disjoint from the history: c + q <= R)
+        tl.store(xr_h + ring[:, None] * s_xr_r + offs_p[None, :], X_raw, mask=is_new[:, None])
+        if pt == 0:
+            tl.store(dtr_h + ring * s_dtr_r, dtn, mask=is_new)
+            if h % HPG == 0:
+                tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], B_raw, mask=is_new[:, None])
+        if c + q > window:
+            # flush row: S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0 N chunk
+            # by N chunk (chunks re-read, L2 hits, so no full-tile accumulator is live)
+            if RING_ORDER:
+                XTw = XT * (dth * _decay(A, tot - lam))[None, :]
+                if FOLD_SPLIT:
+                    hi, lo_ = _tf32_split(XTw)
+                else:
+                    hi, lo_ = XTw, XTw
+                carry = _decay(A, tot)
+                b_hist = Br_base + kr * s_Br_r
+            else:
+                XTw, hi, lo_, carry = _fold_weights(XT, dth, A, FOLD_SPLIT)
+                b_hist = Br_base + ring * s_Br_r
+            ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * BLOCK_N
+            mp = offs_p < P
+            for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
+                oc, ck, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N, BLOCK_N, BLOCK_P, FOLD_N, IDX64)
+                _fold_chunk(_load_chunk(ck, mc, True) * carry, ck, mc, oc, b_hist, is_hist, N, XTw, hi, lo_,
+                            ck_ptr, True, FOLD_SPLIT, FOLD_PREC)
+
+
 # -- materialize --------------------------------------------------------------------------
 
 
@@ -546,25 +734,58 @@ def _block_p(P: int, cap: int) -> int:
     return min(cap, _pow2(P))
 
 
+def tma_block_p(P: int, N: int, device: torch.device) -> int:
+    """Head-dim rows per program of the TMA kernel for this geometry, or 0 where it does not apply.
+
+    One warpgroup's tensor-core tile is 64 rows (so P must be a multiple of 64 on the GPU); the
+    interpreter takes any power-of-two tile >= 16 that divides P. The TMA box holds N whole:
+    a power of two in [16, 256].
+    """
+    if N & (N - 1) or not 16 <= N <= 256:
+        return 0
+    if _compiled(device):
+        return 64 if P % 64 == 0 else 0
+    for b in (64, 32, 16):
+        if P % b == 0:
+            return b
+    return 0
+
+
+def tma_supported(checkpoint: Tensor, block_p: int) -> bool:
+    """The TMA kernel can read ``checkpoint`` (pages, H, P, N) as (pages * H * P, N) tiles of ``block_p`` rows."""
+    pages, H, P, N = checkpoint.shape
+    return (block_p > 0 and P % block_p == 0 and tma_block_p(P, N, checkpoint.device) > 0
+            and checkpoint.is_contiguous() and checkpoint.data_ptr() % 16 == 0)
+
+
 def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: torch.device,
-                  G: int = 1) -> dict[str, Any]:
+                  G: int = 1, kernel: str | None = None) -> dict[str, Any]:
     """Launch heuristic for :func:`replay_verify` (no autotuning: the interpreter cannot run it).
 
-    Measured on the H200 (``docs/performance.md``): one head per program (``HPP`` 1) with the
+    ``kernel``: "tma" or "ldg", or None to choose: the TMA kernel wherever the geometry allows
+    (:func:`tma_block_p`), one head and 64 head-dim rows per program. For the LDG kernel, measured on
+    the H200 (``docs/performance.md``): one head per program (``HPP`` 1) with the
     registers capped at 80 (``maxnreg``: 6 programs per SM instead of 4-5) beat every multi-head
     program; once the grid has >= 16 programs per SM, streaming the checkpoint through a
     3-stage pipeline of 32-column chunks (``NC``/``NS``) beats loading the whole tile, which
     stays best for small batches. P is split only for grids under half a program per SM.
     The interpreter gets a whole group's heads per program (fewer, slower programs).
     """
+    block_tma = tma_block_p(P, N, device)
+    if kernel is None:  # the TMA kernel's 64-row sequence tile (W + 2T > 32) measured slower than LDG's
+        kernel = "tma" if block_tma and (_pow2(R + T) <= 32 or not _compiled(device)) else "ldg"
+    if kernel == "tma":
+        return {"KERNEL": "tma", "RING": True, "BLOCK_P": block_tma or 64, "num_warps": 4, "num_stages": 1,
+                "FOLD_N": 32}
     HPG = H // max(G, 1)
     if not _compiled(device):
-        return {"HPP": HPG, "BLOCK_P": min(_pow2(P), 128), "num_warps": 4, "num_stages": 1}
+        return {"KERNEL": "ldg", "HPP": HPG, "BLOCK_P": min(_pow2(P), 128), "num_warps": 4, "num_stages": 1}
     BLOCK_P = _block_p(P, 64)
     sms = _num_sms(device)
     while rows * H * triton.cdiv(P, BLOCK_P) < 0.5 * sms and BLOCK_P > 16 and P % (BLOCK_P // 2) == 0:
         BLOCK_P //= 2
-    cfg: dict[str, Any] = {"HPP": 1, "BLOCK_P": BLOCK_P, "num_warps": 4, "num_stages": 1, "FOLD_N": 32}
+    cfg: dict[str, Any] = {"KERNEL": "ldg", "HPP": 1, "BLOCK_P": BLOCK_P, "num_warps": 4, "num_stages": 1,
+                           "FOLD_N": 32}
     if rows * H * triton.cdiv(P, BLOCK_P) >= 16 * sms:
         cfg.update(NC=32, NS=3, FUSE=False)
     if _pow2(R) <= 32:  # a 64-row sequence tile (W = 32) spills under the cap
@@ -658,12 +879,20 @@ def replay_verify(
         raise ValueError(f"x/B ({x.dtype}/{B.dtype}) must have the ring dtypes ({x_ring.dtype}/{B_ring.dtype})")
     rows = page_ids.shape[0]
     dev = x.device
-    cfg = dict(verify_config(rows, H, P, N, R, T, dev, G))
-    if config:
-        unknown = set(config) - _CONFIG_KEYS
-        if unknown:
-            raise ValueError(f"unknown config keys {sorted(unknown)}; known: {sorted(_CONFIG_KEYS)}")
-        cfg.update(config)
+    config = dict(config or {})
+    unknown = set(config) - _CONFIG_KEYS
+    if unknown:
+        raise ValueError(f"unknown config keys {sorted(unknown)}; known: {sorted(_CONFIG_KEYS)}")
+    kernel = config.get("KERNEL")
+    if kernel not in (None, "tma", "ldg"):
+        raise ValueError(f"config KERNEL must be 'tma' or 'ldg', got {kernel!r}")
+    ldg_keys = sorted(set(config) & _LDG_KEYS)
+    if kernel == "tma" and ldg_keys:
+        raise ValueError(f"config keys {ldg_keys} apply to the LDG kernel only (KERNEL='ldg')")
+    if kernel is None and (ldg_keys or not tma_supported(checkpoint, tma_block_p(P, N, dev))):
+        kernel = "ldg"
+    cfg = verify_config(rows, H, P, N, R, T, dev, G, kernel=kernel)
+    cfg.update(config)
     HPG = H // G
     HPP = int(cfg.get("HPP", HPG))
     if HPP < 1 or HPG % HPP:
@@ -672,10 +901,37 @@ def replay_verify(
     NC = min(BLOCK_N, int(cfg.get("NC", 0)))
     if NC < 0 or NC & (NC - 1):
         raise ValueError(f"config NC must be 0 or a power of two, got {cfg['NC']}")
-    BLOCK_P = cfg["BLOCK_P"]
-    NPT = triton.cdiv(P, BLOCK_P)
     dot_prec, fold_prec = _dot_prec(dev)
     dummy = dt_ring
+    fold_split = _compiled(dev) and B_ring.dtype in (torch.bfloat16, torch.float16)
+    if cfg["KERNEL"] == "tma":
+        BLOCK_P = cfg["BLOCK_P"]
+        if not tma_supported(checkpoint, BLOCK_P):
+            raise ValueError(f"the TMA verify kernel needs a contiguous checkpoint, P divisible by BLOCK_P={BLOCK_P} "
+                             f"and N a power of two in [16, 256]; got {tuple(checkpoint.shape)} "
+                             f"(use KERNEL='ldg')")
+        ring_order = bool(cfg.get("RING", False))
+        _verify_tma_kernel[(H * (P // BLOCK_P), rows)](
+            TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N]),
+            checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed,
+            x, dt, A, B, C, D if D is not None else dummy, dt_bias if dt_bias is not None else dummy,
+            z if z is not None else x, out, page_ids, cu_seqlens,
+            window, R, H, N,
+            *_outer(checkpoint=checkpoint)[:2], *_outer(x_ring=x_ring), *_outer(B_ring=B_ring), *dt_ring.stride(),
+            *_outer(x=x), *dt.stride(), *_outer(B=B), *_outer(C=C), *_outer(z=z if z is not None else x),
+            *_outer(out=out),
+            P=P, NPT=P // BLOCK_P, HPG=H // G, BLOCK_P=BLOCK_P, BLOCK_N=N,
+            BLOCK_K=_pow2(R + T) if ring_order else _pow2(R), BLOCK_S=_pow2(T),
+            FOLD_N=min(N, int(cfg.get("FOLD_N", 32 if _compiled(dev) else N))),
+            HAS_D=D is not None, HAS_DTB=dt_bias is not None, HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),
+            GRAM16=_compiled(dev) and B.dtype == C.dtype and B.element_size() == 2, READ16=_compiled(dev) and checkpoint.dtype == C.dtype and checkpoint.element_size() == 2,
+            DOT_PREC=dot_prec, FOLD_SPLIT=fold_split, FOLD_PREC=fold_prec, IDX64=INTERPRETED,
+            RING_ORDER=ring_order, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            **({"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") and _compiled(dev) else {}),
+        )
+        return out
+    BLOCK_P = cfg["BLOCK_P"]
+    NPT = triton.cdiv(P, BLOCK_P)
     _replay_verify_kernel[(H // HPP * NPT, rows)](
         checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed,
         x, dt, A, B, C, D if D is not None else dummy, dt_bias if dt_bias is not None else dummy,
@@ -690,8 +946,7 @@ def replay_verify(
         FOLD_N=min(BLOCK_N, int(cfg.get("FOLD_N", 32 if _compiled(dev) else BLOCK_N))),
         EVEN=(P % BLOCK_P == 0) and N == BLOCK_N,
         HAS_D=D is not None, HAS_DTB=dt_bias is not None, HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),
-        DOT_PREC=dot_prec, FOLD_SPLIT=_compiled(dev) and B_ring.dtype in (torch.bfloat16, torch.float16),
-        FOLD_PREC=fold_prec, IDX64=INTERPRETED,
+        DOT_PREC=dot_prec, FOLD_SPLIT=fold_split, FOLD_PREC=fold_prec, IDX64=INTERPRETED,
         NATIVE_G=_compiled(dev) and B.dtype == C.dtype and B.dtype in (torch.bfloat16, torch.float16),
         PREFETCH=int(cfg.get("PREFETCH", 1)), NC=NC, NS=int(cfg.get("NS", 3)),
         FUSE=NC > 0 and bool(cfg.get("FUSE", False)),
@@ -701,9 +956,9 @@ def replay_verify(
     return out
 
 
-#: config keys :func:`replay_verify` accepts
-_CONFIG_KEYS = frozenset({"HPP", "BLOCK_P", "NC", "NS", "FUSE", "FOLD_N", "PREFETCH", "num_warps", "num_stages",
-                          "maxnreg"})
+#: config keys :func:`replay_verify` accepts, and those that only the LDG kernel reads
+_LDG_KEYS = frozenset({"HPP", "NC", "NS", "FUSE", "PREFETCH"})
+_CONFIG_KEYS = _LDG_KEYS | {"KERNEL", "RING", "BLOCK_P", "FOLD_N", "num_warps", "num_stages", "maxnreg"}
 
 
 def replay_commit(
@@ -759,7 +1014,7 @@ def replay_materialize(
     G = B_ring.shape[1]
     rows = page_ids.shape[0]
     dev = checkpoint.device
-    cfg = dict(verify_config(rows, H, P, N, R, 1, dev))
+    cfg = verify_config(rows, H, P, N, R, 1, dev, kernel="ldg")
     if config:
         cfg.update(config)
     BLOCK_P = min(cfg["BLOCK_P"], 64 if dev.type == "cuda" else 128)

@@ -1,0 +1,176 @@
+"""Compile the Triton verify kernel for sm_90a on a machine without a GPU and report its resources.
+
+For each launch config: registers, spills, shared memory, and SASS counts (instructions, CTA
+barriers, global loads/stores, tensor-core ops), read from the same build the H200 would run
+(Triton's own ``ptxas`` and ``cuobjdump``). It costs no device time, so kernel variants are judged
+here before they are timed there.
+
+The launch is captured from :func:`ssmstate.kernels.triton_replay.replay_verify` on CPU tensors of
+the benchmark geometry (Nemotron-H layer: H=128, P=64, N=128, G=8, fp32 state, bf16 inputs), with
+the GPU heuristic in force, and compiled through Triton's own argument binder so the specialization
+(16-byte alignment, divisibility, constants) matches a real launch.
+
+Run: ``python benchmarks/kernel_resources.py --batch 256 --T 4 --W 16 [--config '{"BLOCK_P": 32}']``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource, make_backend  # noqa: E402
+from triton.runtime.jit import create_function_from_signature  # noqa: E402
+
+from ssmstate.kernels import triton_replay as tr  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+H, P, N, G = 128, 64, 128, 8
+SMS = 132
+
+
+class _Capture:
+    """Stands in for the kernel: records the launch instead of running it."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.calls: list[tuple[tuple, tuple, dict]] = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append((grid, args, kwargs))
+        return launch
+
+
+def capture(batch: int, T: int, W: int, config: dict | None, flush: bool = False):
+    """The (grid, args, kwargs) replay_verify would launch for this batch on the GPU."""
+    R = W + T
+    pages = batch + 1
+    dev = torch.device("cpu")
+    bf = torch.bfloat16
+    ck = torch.empty(pages, H, P, N, dtype=torch.float32)
+    xr = torch.empty(pages, H, R, P, dtype=bf)
+    Br = torch.empty(pages, G, R, N, dtype=bf)
+    dtr = torch.empty(pages, H, R, dtype=torch.float32)
+    rs = torch.zeros(pages, dtype=torch.int32)
+    nc = torch.zeros(pages, dtype=torch.int32)
+    L = batch * T
+    x = torch.empty(L, H, P, dtype=bf)
+    dt = torch.empty(L, H, dtype=bf)
+    A = torch.empty(H, dtype=torch.float32)
+    B = torch.empty(L, G, N, dtype=bf)
+    C = torch.empty(L, G, N, dtype=bf)
+    D = torch.empty(H, dtype=bf)
+    dtb = torch.empty(H, dtype=bf)
+    z = torch.empty(L, H, P, dtype=bf)
+    out = torch.empty(L, H, P, dtype=bf)
+    page_ids = torch.arange(1, batch + 1, dtype=torch.int32)
+    cu = torch.arange(0, L + 1, T, dtype=torch.int32)
+    names = [n for n in dir(tr) if n.endswith("_kernel") and n.startswith(("_replay_verify", "_verify_"))]
+    caps = {n: _Capture(getattr(tr, n)) for n in names}
+    saved = {n: getattr(tr, n) for n in names}
+    saved_fns = (tr._compiled, tr._num_sms)
+    for n, c in caps.items():
+        setattr(tr, n, c)
+    tr._compiled = lambda device: True
+    tr._num_sms = lambda device: SMS
+    try:
+        tr.replay_verify(ck, xr, Br, dtr, rs, nc, x, dt, A, B, C, page_ids, cu, W, out, D=D, dt_bias=dtb, z=z,
+                         config=config)
+    finally:
+        for n, f in saved.items():
+            setattr(tr, n, f)
+        tr._compiled, tr._num_sms = saved_fns
+    del dev
+    return [(n, c.fn, c.calls[0]) for n, c in caps.items() if c.calls]
+
+
+def compile_launch(fn, args, kwargs):
+    """Compile through Triton's binder for sm_90a; returns the CompiledKernel."""
+    backend = make_backend(TARGET)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound_args, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound_args, specialization, options)
+    src = ASTSource(fn, signature, constexprs, attrs)
+    return triton.compile(src, target=TARGET, options=options.__dict__)
+
+
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def resources(cubin: bytes) -> dict[str, int]:
+    """Registers, stack frame and spill bytes, from the cubin's resource usage."""
+    txt = _cuobjdump(cubin, "--dump-resource-usage")
+    get = lambda key: int(m.group(1)) if (m := re.search(key + r":(\d+)", txt)) else 0  # noqa: E731
+    return {"registers": get("REG"), "stack": get("STACK"), "local": get("LOCAL")}
+
+
+def sass_counts(cubin: bytes) -> dict[str, int]:
+    """Counts of SASS opcodes of interest, from the cubin (Triton's cuobjdump)."""
+    sass = _cuobjdump(cubin, "--dump-sass")
+    ops = Counter()
+    total = 0
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
+        if not m:
+            continue
+        total += 1
+        ops[m.group(1).split(".")[0]] += 1
+    keys = ["BAR", "LDG", "STG", "LDGSTS", "LDS", "STS", "LDSM", "HGMMA", "HMMA", "SHFL", "FFMA", "MUFU", "LDL", "STL"]
+    out = {"instructions": total}
+    out.update({k: ops.get(k, 0) for k in keys})
+    return out
+
+
+def report(batch: int, T: int, W: int, config: dict | None) -> list[dict]:
+    """One row per kernel the launch runs."""
+    rows = []
+    for name, fn, (grid, args, kwargs) in capture(batch, T, W, config):
+        k = compile_launch(fn, args, kwargs)
+        md = k.metadata
+        row = {
+            "kernel": name, "batch": batch, "T": T, "W": W, "config": config or "heuristic",
+            "grid": list(grid), "num_warps": md.num_warps, "shared_bytes": md.shared,
+        }
+        row.update(resources(k.asm["cubin"]))
+        row.update(sass_counts(k.asm["cubin"]))
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--T", type=int, default=4)
+    ap.add_argument("--W", type=int, default=16)
+    ap.add_argument("--config", action="append", default=[], help="JSON launch config (repeatable)")
+    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    a = ap.parse_args()
+    configs = [json.loads(c) for c in a.config] or [None]
+    rows = []
+    for cfg in configs:
+        for row in report(a.batch, a.T, a.W, cfg):
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
