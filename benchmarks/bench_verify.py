@@ -61,9 +61,9 @@ ACCEPT_P = 0.7
 #: tile by one TMA copy into shared memory) with and without its register cap and with wider fold chunks, and
 #: the best LDG-kernel launches of earlier runs (tile streamed in NC-column chunks over NS stages, or whole)
 SWEEP = [
-    {"KERNEL": "tma", "RING": True},
-    {"KERNEL": "tma", "RING": False},
-    {"KERNEL": "tma", "RING": True, "maxnreg": 96},
+    {"KERNEL": "tma", "FOLD_N": 32, "maxnreg": 96},
+    {"KERNEL": "tma", "FOLD_N": 32},
+    {"KERNEL": "tma", "FOLD_N": 64, "maxnreg": 104},
     {"KERNEL": "ldg", "HPP": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32, "NC": 32, "NS": 3, "maxnreg": 80},
 ]
 

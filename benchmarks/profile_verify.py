@@ -3,7 +3,7 @@
 Same pool, geometry and scenarios as ``bench_verify.py`` (Nemotron-H layer, fp32 state, bf16 inputs).
 Run under Nsight Compute on the device, e.g.::
 
-    ncu --clock-control none --kernel-name regex:_replay_verify --launch-skip 2 --launch-count 1 \\
+    ncu --clock-control none --kernel-name regex:_verify --launch-skip 2 --launch-count 1 \\
         --section SpeedOfLight --section WarpStateStats python3 benchmarks/profile_verify.py --batch 256
 
 ``--config`` takes a JSON launch override (as ``replay_verify``'s ``config``); ``--flush`` makes every

@@ -365,3 +365,71 @@ def test_cuda_graph_helper_refuses_cpu_managers():
     m = StateManager(PageLayout.replay(_geom(), SpecConfig(3)), 4, backend="triton", max_batch=2)
     with pytest.raises(BackendUnavailableError, match="CUDA device"):
         DecodeStepGraph(m, 2, 4, lambda plan: None, torch.zeros(2, dtype=torch.int32))
+
+
+# -- the TMA kernel (runs in the interpreter through a host TensorDescriptor) ---------------------
+
+
+def _verify_args(case):
+    return (*(case["state"][k] for k in ("checkpoint", "x_ring", "B_ring", "dt_ring")), case["ring_start"],
+            case["num_committed"], case["x"], case["dt"], case["A"], case["B"], case["C"], case["page_ids"],
+            case["cu_seqlens"], case["W"])
+
+
+def test_tma_kernel_chosen_where_the_geometry_allows():
+    cpu = torch.device("cpu")
+    assert trk.verify_config(4, 8, 32, 32, 20, 4, cpu, 2)["KERNEL"] == "tma"
+    assert trk.verify_config(4, 8, 24, 32, 20, 4, cpu, 2)["KERNEL"] == "ldg"  # P not a multiple of 16
+    assert trk.verify_config(4, 8, 32, 24, 20, 4, cpu, 2)["KERNEL"] == "ldg"  # N not a power of two
+    assert trk.tma_block_p(64, 128, cpu) == 64 and trk.tma_block_p(48, 128, cpu) == 16
+    assert trk.tma_block_p(64, 512, cpu) == 0  # the TMA box holds N whole: at most 256
+
+
+@pytest.mark.parametrize("cfg", [{"KERNEL": "tma"}, {"KERNEL": "tma", "BLOCK_P": 16}, {"KERNEL": "tma", "FOLD_N": 8},
+                                 {"KERNEL": "tma", "BLOCK_P": 16, "FOLD_N": 16}])
+@pytest.mark.parametrize("route,state_dtype,act_dtype,T,W", [
+    ("flush", torch.float32, torch.float32, 4, 12), ("mixed", torch.float32, torch.bfloat16, 3, 9),
+    ("nonflush", torch.bfloat16, torch.bfloat16, 8, 24), ("mixed", torch.float32, torch.float16, 1, 5),
+])
+def test_tma_kernel_configs(cfg, route, state_dtype, act_dtype, T, W):
+    """The TMA kernel's launches against the reference: P tiles, fold chunks, both routes, dtypes, T and W."""
+    gen = torch.Generator().manual_seed(T * 31 + W)
+    case = make_case(gen, "cpu", pages=7, H=4, G=2, P=32, N=32, W=W, T=T, rows=5, n_pad=1, route=route,
+                     state_dtype=state_dtype, act_dtype=act_dtype)
+    got = run_verify(trk.replay_verify, case, config=cfg)
+    compare_verify(case, got, run_verify(ref.replay_verify, case), out_tol=TOL[act_dtype],
+                   state_tol=TOL[torch.float32] if state_dtype == torch.float32 else TOL[state_dtype])
+
+
+@pytest.mark.parametrize("kernel", ["tma", "ldg"])
+def test_verify_never_reads_stale_ring_rows(kernel):
+    """Ring rows outside a row's history hold inf (x, B) and 1e30 (dt): no output or state may see them."""
+    gen = torch.Generator().manual_seed(11)
+    case = make_case(gen, "cpu", pages=6, H=4, G=2, P=16, N=32, W=8, T=3, rows=4, n_pad=1, route="mixed")
+    st, R = case["state"], case["R"]
+    for p in case["page_ids"].tolist():
+        if p == 0:
+            continue
+        rs, c = int(case["ring_start"][p]), int(case["num_committed"][p])
+        stale = [r for r in range(R) if (r - rs) % R >= c]
+        st["x_ring"][p][:, stale] = float("inf")
+        st["B_ring"][p][:, stale] = float("inf")
+        st["dt_ring"][p][:, stale] = 1e30
+    got = run_verify(trk.replay_verify, case, config={"KERNEL": kernel})
+    assert bool(torch.isfinite(got[1]).all()) and bool(torch.isfinite(got[0]["checkpoint"]).all())
+    compare_verify(case, got, run_verify(ref.replay_verify, case), out_tol=TOL[torch.float32],
+                   state_tol=TOL[torch.float32])
+
+
+def test_tma_kernel_rejects_what_it_cannot_run():
+    """Clear errors, nothing touched: LDG-only keys with KERNEL='tma', an unsupported geometry, an unknown kernel."""
+    case = make_case(torch.Generator().manual_seed(1), "cpu", pages=4, H=2, G=1, P=24, N=16, W=8, T=2, rows=2,
+                     n_pad=0)
+    before = {k: v.clone() for k, v in case["state"].items()}
+    out = torch.full_like(case["x"], 7.0)
+    for bad, match in (({"KERNEL": "tma", "HPP": 1}, "LDG kernel only"), ({"KERNEL": "tma"}, "TMA verify kernel needs"),
+                       ({"KERNEL": "wgmma"}, "KERNEL must be")):
+        with pytest.raises(ValueError, match=match):
+            trk.replay_verify(*_verify_args(case), out, config=bad)
+    assert all(torch.equal(before[k], case["state"][k]) for k in before)
+    assert bool((out == 7.0).all())

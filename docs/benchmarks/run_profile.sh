@@ -9,7 +9,7 @@ for spec in "256 nonflush" "256 flush" "1 nonflush"; do
   set -- $spec
   fl=""; [ "$2" = flush ] && fl="--flush"
   tag="b$1_$2"
-  ncu --clock-control none --kernel-name regex:_replay_verify --launch-skip 2 --launch-count 1 $SECT \
+  ncu --clock-control none --kernel-name regex:_verify --launch-skip 2 --launch-count 1 $SECT \
       --section SourceCounters --print-summary none \
       python3 benchmarks/profile_verify.py --batch $1 $fl ${CFG:+--config "$CFG"} > $OUT/ncu_$tag.txt 2>&1
   echo "$tag rc=$?"

@@ -4,8 +4,13 @@ Each public function has the signature of its PyTorch twin in
 :mod:`ssmstate.kernels.reference` (the contract and the ground truth), plus an
 optional trailing ``config`` to override the launch heuristic.
 
-Verify, one program per (row, ``HPP`` heads of one group, P tile), reads the
-checkpoint tile ``S0`` (P x N) once and never forms an intermediate state:
+Verify has two kernels over the same math; both read the checkpoint tile ``S0``
+(P x N) once and never form an intermediate state. The TMA kernel (the default where
+the geometry allows: :func:`tma_block_p`) takes one program per (row, head, 64 head-dim
+rows): the tile arrives by one TMA copy into shared memory and the readout's
+tensor-core product reads it there. The LDG kernel (any geometry; ``KERNEL="ldg"``)
+takes one program per (row, ``HPP`` heads of one group, P tile) and loads the tile
+with plain or pipelined loads. Both:
 
 * the row's sequence is ``c`` history rows from the ring followed by the ``q``
   new tokens (``c + q <= R``), indexed ``k``; every ring row, history or
@@ -14,9 +19,9 @@ checkpoint tile ``S0`` (P x N) once and never forms an intermediate state:
   causal factor matrix ``F[k, s] = (B_k·C_s) dt_k exp(A (Λ_{c+s} - Λ_k))``
   (the flush route's "outputs from S1 + new rows" is the same quantity); the
   Gram ``B·Cᵀ`` is computed once per program for its heads;
-* ``S0 Cᵀ`` comes from the whole tile (loaded first: it needs only the page) or
-  from the tile streamed in column chunks through a pipelined loop (config
-  ``NC``), which holds a few chunks of shared memory instead of the tile;
+* ``S0 Cᵀ``: the TMA kernel reads the tile in shared memory; the LDG kernel loads
+  the whole tile (first: it needs only the page) or streams it in column chunks
+  through a pipelined loop (config ``NC``);
 * the flush decision ``c + q > W`` is taken per row on the device from the
   cursors; a flush row also folds the history into the checkpoint
   (``S1 = e^{AΛ_h} S0 + (X_h w)ᵀ B_h``, N chunk by N chunk) and stores it, so
@@ -466,7 +471,7 @@ def _verify_tma_kernel(
     BLOCK_S: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
-    FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, RING_ORDER: tl.constexpr,
+    FOLD_PREC: tl.constexpr, IDX64: tl.constexpr,
 ):
     pid = tl.program_id(0)
     row = tl.program_id(1)
@@ -489,88 +494,48 @@ def _verify_tma_kernel(
             offs_p = offs_p.to(tl.int64)
             offs_n = offs_n.to(tl.int64)
             tw = tw.to(tl.int64)
-        # what needs only the row: C over the window, the cursors
+        # what needs only the row: C over the window; then the cursors, then the sequence gathers
         Cw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :], mask=ms[:, None], other=0.0)
         c = tl.load(nc_ptr + page)
         rs = tl.load(rs_ptr + page)
+        is_hist = kk < c
+        is_new = (kk >= c) & (kk < c + q)
+        is_seq = kk < c + q
+        ring = _wrap(rs + kk, R)  # ring row of sequence position k (history and appended alike)
+        tok = lo + tl.maximum(kk - c, 0)
+        if IDX64:
+            ring = ring.to(tl.int64)
+            tok = tok.to(tl.int64)
         xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
+        x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
+        X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_P)
         Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
+        b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
+        B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_N)
         dtr_h = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
+        dth = tl.load(dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
+        dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
         A = tl.load(A_ptr + h).to(tl.float32)
-        if HAS_Z:
-            zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=ms[None, :], other=0.0)
-        if RING_ORDER:
-            # rows k < R: the whole ring in ring order; rows R <= k < R + q: the window. No address needs the
-            # cursors, so these loads and the tile's copy go out without waiting for them (the rows outside
-            # the history are read too, and masked)
-            in_ring = kk < R
-            wi = kk - R  # window token of row k (k >= R)
-            is_new = (kk >= R) & (wi < q)
-            tok = lo + tl.maximum(wi, 0)
-            kr = kk
-            if IDX64:
-                tok = tok.to(tl.int64)
-                kr = kr.to(tl.int64)
-            x_rows = tl.where(in_ring, xr_h + kr * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
-            X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=(in_ring | is_new)[:, None], other=0.0)
-            b_rows = tl.where(in_ring, Br_base + kr * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
-            B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=(in_ring | is_new)[:, None], other=0.0)
-            dth = tl.load(dtr_h + kr * s_dtr_r, mask=in_ring, other=0.0)
-            dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
-        else:
-            # rows k < c: the history, gathered from the ring in sequence order; then the window
-            is_hist = kk < c
-            is_new = (kk >= c) & (kk < c + q)
-            is_seq = kk < c + q
-            ring = _wrap(rs + kk, R)  # ring row of sequence position k (history and appended alike)
-            tok = lo + tl.maximum(kk - c, 0)
-            if IDX64:
-                ring = ring.to(tl.int64)
-                tok = tok.to(tl.int64)
-            x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
-            X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_P)
-            b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
-            B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_N)
-            dth = tl.load(dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
-            dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
         if HAS_DTB:
             dtn += tl.load(dtb_ptr + h).to(tl.float32)
+        if HAS_Z:
+            zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=ms[None, :], other=0.0)
         # the checkpoint tile: one TMA copy into shared memory (waited for here)
         S0 = ck_desc.load([ck_row, 0])
         # Λ over the sequence, the causal factors F[k, s] = (B_k·C_s) dt_k e^{A (Λ_{c+s} - Λ_k)}
         if DT_SOFTPLUS:
             dtn = _softplus(dtn)
         dtn = tl.where(is_new, dtn, 0.0)
-        if RING_ORDER:
-            # history rows are ring rows rs .. rs + c - 1 (mod R): position (k - rs) mod R
-            is_hist = in_ring & (_wrap(kk - rs + R, R) < c)
-            X_raw = tl.where((is_hist | is_new)[:, None], X_raw, 0.0)  # stale ring rows never reach a product
-            dth = tl.where(is_hist, dth, 0.0)
-            dtp = dth + dtn
-            # prefix sums in sequence order from one in ring order: the rows before rs are the wrapped tail
-            before = tl.sum(tl.where(kk < rs, dtp, 0.0), axis=0)
-            tot = tl.sum(dth, axis=0)
-            lam = tl.cumsum(dtp, axis=0) + tl.where(in_ring, tl.where(kk >= rs, -before, tot - before), 0.0)
-            causal = (is_hist[:, None] | (is_new[:, None] & (wi[:, None] <= ss[None, :]))) & ms[None, :]
-            diag = (kk[:, None] == R + ss[None, :]) & ms[None, :]
-            ring = _wrap(rs + c + wi, R)  # where window row k is appended
-            if IDX64:
-                ring = ring.to(tl.int64)
-        else:
-            dtp = tl.where(is_hist, dth, dtn)
-            lam = tl.cumsum(dtp, axis=0)
-            pos = c + ss
-            causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
-            diag = (kk[:, None] == pos[None, :]) & ms[None, :]
+        dtp = tl.where(is_hist, dth, dtn)
+        lam = tl.cumsum(dtp, axis=0)
+        pos = c + ss
+        causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
+        diag = (kk[:, None] == pos[None, :]) & ms[None, :]
         lam_w = tl.sum(tl.where(diag, lam[:, None], 0.0), axis=0)
-        # B·Cᵀ over the sequence: tf32 holds 16-bit B and C exactly (exact products). The operands are
-        # masked / converted values, not bare loads, so the compiler stages them in shared memory here,
-        # after the tile's copy is issued, instead of right behind their loads.
         if GRAM16:  # 16-bit B and C: exact products, fp32 accumulation
-            Gm = tl.dot(tl.where((is_hist | is_new)[:, None], B_raw, 0.0).to(B_raw.dtype), tl.trans(Cw))
+            Gm = tl.dot(B_raw, tl.trans(Cw))
         else:
-            Gm = tl.dot(tl.where((is_hist | is_new)[:, None], B_raw.to(tl.float32), 0.0),
-                        tl.trans(Cw.to(tl.float32)), input_precision=DOT_PREC)
+            Gm = tl.dot(B_raw.to(tl.float32), tl.trans(Cw.to(tl.float32)), input_precision=DOT_PREC)
         F = tl.where(causal, Gm * dtp[:, None] * _decay(A, lam_w[None, :] - lam[:, None]), 0.0)
         if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
             F += tl.where(diag, tl.load(D_ptr + h).to(tl.float32), 0.0)
@@ -597,19 +562,10 @@ def _verify_tma_kernel(
         if c + q > window:
             # flush row: S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0 N chunk
             # by N chunk (chunks re-read, L2 hits, so no full-tile accumulator is live)
-            if RING_ORDER:
-                XTw = XT * (dth * _decay(A, tot - lam))[None, :]
-                if FOLD_SPLIT:
-                    hi, lo_ = _tf32_split(XTw)
-                else:
-                    hi, lo_ = XTw, XTw
-                carry = _decay(A, tot)
-                b_hist = Br_base + kr * s_Br_r
-            else:
-                XTw, hi, lo_, carry = _fold_weights(XT, dth, A, FOLD_SPLIT)
-                b_hist = Br_base + ring * s_Br_r
+            XTw, hi, lo_, carry = _fold_weights(XT, dth, A, FOLD_SPLIT)
             ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * BLOCK_N
             mp = offs_p < P
+            b_hist = Br_base + ring * s_Br_r
             for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
                 oc, ck, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N, BLOCK_N, BLOCK_P, FOLD_N, IDX64)
                 _fold_chunk(_load_chunk(ck, mc, True) * carry, ck, mc, oc, b_hist, is_hist, N, XTw, hi, lo_,
@@ -763,7 +719,9 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     """Launch heuristic for :func:`replay_verify` (no autotuning: the interpreter cannot run it).
 
     ``kernel``: "tma" or "ldg", or None to choose: the TMA kernel wherever the geometry allows
-    (:func:`tma_block_p`), one head and 64 head-dim rows per program. For the LDG kernel, measured on
+    (:func:`tma_block_p`) and, on the GPU, the ring has at most 32 rows (its 64-row sequence tile
+    measured slower than the LDG kernel's), one head and 64 head-dim rows per program, registers
+    capped at 96 (5 programs per SM). For the LDG kernel, measured on
     the H200 (``docs/performance.md``): one head per program (``HPP`` 1) with the
     registers capped at 80 (``maxnreg``: 6 programs per SM instead of 4-5) beat every multi-head
     program; once the grid has >= 16 programs per SM, streaming the checkpoint through a
@@ -772,11 +730,13 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     The interpreter gets a whole group's heads per program (fewer, slower programs).
     """
     block_tma = tma_block_p(P, N, device)
-    if kernel is None:  # the TMA kernel's 64-row sequence tile (W + 2T > 32) measured slower than LDG's
-        kernel = "tma" if block_tma and (_pow2(R + T) <= 32 or not _compiled(device)) else "ldg"
+    if kernel is None:  # on the GPU the TMA kernel's 64-row sequence tile (R > 32) measured slower than LDG's
+        kernel = "tma" if block_tma and (_pow2(R) <= 32 or not _compiled(device)) else "ldg"
     if kernel == "tma":
-        return {"KERNEL": "tma", "RING": True, "BLOCK_P": block_tma or 64, "num_warps": 4, "num_stages": 1,
-                "FOLD_N": 32}
+        cfg = {"KERNEL": "tma", "BLOCK_P": block_tma or 64, "num_warps": 4, "num_stages": 1, "FOLD_N": 32}
+        if _compiled(device) and _pow2(R) <= 32:  # 96 registers: 5 programs per SM (43 KB of shared memory each)
+            cfg["maxnreg"] = 96
+        return cfg
     HPG = H // max(G, 1)
     if not _compiled(device):
         return {"KERNEL": "ldg", "HPP": HPG, "BLOCK_P": min(_pow2(P), 128), "num_warps": 4, "num_stages": 1}
@@ -860,7 +820,9 @@ def replay_verify(
         D: (H,) skip or None. dt_bias: (H,) or None. z: (tokens, H, P) gate or None.
         Every tensor with a P or N dimension must be contiguous in it (stride 1).
         max_seqlen: longest row (<= 16); defaults to ``R - window`` (= T on the layout).
-        config: launch override (see :func:`verify_config`), keys: ``HPP`` heads of one group per program
+        config: launch override (see :func:`verify_config`), keys: ``KERNEL`` ("tma" or "ldg"; default: TMA
+            where :func:`tma_block_p` allows and the ring has at most 32 rows; keys of the LDG kernel only,
+            ``HPP``, ``NC``, ``NS``, ``FUSE``, ``PREFETCH``, select it), ``HPP`` heads of one group per program
             (divides H / G), ``BLOCK_P`` head-dim rows per program, ``NC`` (0: whole checkpoint tile; a power
             of two >= 16 on the GPU: the tile streamed in NC-column chunks over ``NS`` pipeline stages),
             ``FUSE`` (flush rows fold while streaming, NC > 0), ``FOLD_N`` (N chunk of the fold otherwise),
@@ -904,61 +866,52 @@ def replay_verify(
     dot_prec, fold_prec = _dot_prec(dev)
     dummy = dt_ring
     fold_split = _compiled(dev) and B_ring.dtype in (torch.bfloat16, torch.float16)
+    # what both kernels take, in their order: the step's tensors, then the strides but the last of every tensor
+    step = (x, dt, A, B, C, D if D is not None else dummy, dt_bias if dt_bias is not None else dummy,
+            z if z is not None else x, out, page_ids, cu_seqlens)
+    strides = (*_outer(checkpoint=checkpoint)[:2], *_outer(x_ring=x_ring), *_outer(B_ring=B_ring), *dt_ring.stride(),
+               *_outer(x=x), *dt.stride(), *_outer(B=B), *_outer(C=C), *_outer(z=z if z is not None else x),
+               *_outer(out=out))
+    flags = dict(HAS_D=D is not None, HAS_DTB=dt_bias is not None, HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),
+                 DOT_PREC=dot_prec, FOLD_SPLIT=fold_split, FOLD_PREC=fold_prec, IDX64=INTERPRETED,
+                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                 **({"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") and _compiled(dev) else {}))
     if cfg["KERNEL"] == "tma":
         BLOCK_P = cfg["BLOCK_P"]
         if not tma_supported(checkpoint, BLOCK_P):
             raise ValueError(f"the TMA verify kernel needs a contiguous checkpoint, P divisible by BLOCK_P={BLOCK_P} "
                              f"and N a power of two in [16, 256]; got {tuple(checkpoint.shape)} "
                              f"(use KERNEL='ldg')")
-        ring_order = bool(cfg.get("RING", False))
         _verify_tma_kernel[(H * (P // BLOCK_P), rows)](
             TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N]),
-            checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed,
-            x, dt, A, B, C, D if D is not None else dummy, dt_bias if dt_bias is not None else dummy,
-            z if z is not None else x, out, page_ids, cu_seqlens,
-            window, R, H, N,
-            *_outer(checkpoint=checkpoint)[:2], *_outer(x_ring=x_ring), *_outer(B_ring=B_ring), *dt_ring.stride(),
-            *_outer(x=x), *dt.stride(), *_outer(B=B), *_outer(C=C), *_outer(z=z if z is not None else x),
-            *_outer(out=out),
-            P=P, NPT=P // BLOCK_P, HPG=H // G, BLOCK_P=BLOCK_P, BLOCK_N=N,
-            BLOCK_K=_pow2(R + T) if ring_order else _pow2(R), BLOCK_S=_pow2(T),
+            checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, *step, window, R, H, N, *strides,
+            P=P, NPT=P // BLOCK_P, HPG=H // G, BLOCK_P=BLOCK_P, BLOCK_N=N, BLOCK_K=_pow2(R), BLOCK_S=_pow2(T),
             FOLD_N=min(N, int(cfg.get("FOLD_N", 32 if _compiled(dev) else N))),
-            HAS_D=D is not None, HAS_DTB=dt_bias is not None, HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),
-            GRAM16=_compiled(dev) and B.dtype == C.dtype and B.element_size() == 2, READ16=_compiled(dev) and checkpoint.dtype == C.dtype and checkpoint.element_size() == 2,
-            DOT_PREC=dot_prec, FOLD_SPLIT=fold_split, FOLD_PREC=fold_prec, IDX64=INTERPRETED,
-            RING_ORDER=ring_order, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-            **({"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") and _compiled(dev) else {}),
+            GRAM16=_compiled(dev) and B.dtype == C.dtype and B.element_size() == 2,
+            READ16=_compiled(dev) and checkpoint.dtype == C.dtype and checkpoint.element_size() == 2, **flags,
         )
         return out
+    if _compiled(dev) and cfg.get("maxnreg") and NC == 0 and _pow2(R) > 32:
+        raise ValueError("config maxnreg with the whole-tile LDG kernel and a ring of more than 32 rows faulted on the "
+                         "H200 (misaligned address, docs/performance.md); drop maxnreg or stream the tile (NC > 0)")
     BLOCK_P = cfg["BLOCK_P"]
     NPT = triton.cdiv(P, BLOCK_P)
     _replay_verify_kernel[(H // HPP * NPT, rows)](
-        checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed,
-        x, dt, A, B, C, D if D is not None else dummy, dt_bias if dt_bias is not None else dummy,
-        z if z is not None else x, out,
-        page_ids, cu_seqlens,
-        window, R, P, N,
-        *_outer(checkpoint=checkpoint)[:2], *_outer(x_ring=x_ring), *_outer(B_ring=B_ring), *dt_ring.stride(),
-        *_outer(x=x), *dt.stride(), *_outer(B=B), *_outer(C=C), *_outer(z=z if z is not None else x),
-        *_outer(out=out),
+        checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, *step, window, R, P, N, *strides,
         S_CK_P=checkpoint.stride(2), NPT=NPT, HPG=HPG, HPP=HPP,
         BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N, BLOCK_K=_pow2(R), BLOCK_S=_pow2(T),
         FOLD_N=min(BLOCK_N, int(cfg.get("FOLD_N", 32 if _compiled(dev) else BLOCK_N))),
         EVEN=(P % BLOCK_P == 0) and N == BLOCK_N,
-        HAS_D=D is not None, HAS_DTB=dt_bias is not None, HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),
-        DOT_PREC=dot_prec, FOLD_SPLIT=fold_split, FOLD_PREC=fold_prec, IDX64=INTERPRETED,
         NATIVE_G=_compiled(dev) and B.dtype == C.dtype and B.dtype in (torch.bfloat16, torch.float16),
         PREFETCH=int(cfg.get("PREFETCH", 1)), NC=NC, NS=int(cfg.get("NS", 3)),
-        FUSE=NC > 0 and bool(cfg.get("FUSE", False)),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **({"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") and _compiled(dev) else {}),
+        FUSE=NC > 0 and bool(cfg.get("FUSE", False)), **flags,
     )
     return out
 
 
 #: config keys :func:`replay_verify` accepts, and those that only the LDG kernel reads
 _LDG_KEYS = frozenset({"HPP", "NC", "NS", "FUSE", "PREFETCH"})
-_CONFIG_KEYS = _LDG_KEYS | {"KERNEL", "RING", "BLOCK_P", "FOLD_N", "num_warps", "num_stages", "maxnreg"}
+_CONFIG_KEYS = _LDG_KEYS | {"KERNEL", "BLOCK_P", "FOLD_N", "num_warps", "num_stages", "maxnreg"}
 
 
 def replay_commit(

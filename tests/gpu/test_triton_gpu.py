@@ -36,9 +36,8 @@ def test_verify_nemotron(T, W, route, rows, n_pad):
     compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
 
 
-@pytest.mark.parametrize("cfg", [dict(KERNEL="tma"), dict(KERNEL="tma", RING=False), dict(KERNEL="tma", maxnreg=96),
-                                 dict(KERNEL="tma", FOLD_N=64), dict(KERNEL="tma", RING=False, BLOCK_P=32),
-                                 dict(KERNEL="tma", BLOCK_P=32), dict(KERNEL="ldg", BLOCK_P=16),
+@pytest.mark.parametrize("cfg", [dict(KERNEL="tma"), dict(KERNEL="tma", maxnreg=0), dict(KERNEL="tma", maxnreg=96),
+                                 dict(KERNEL="tma", FOLD_N=64), dict(KERNEL="tma", BLOCK_P=32), dict(KERNEL="ldg", BLOCK_P=16),
                                  dict(KERNEL="ldg", BLOCK_P=32, num_warps=8), dict(KERNEL="ldg", num_stages=2),
                                  dict(KERNEL="ldg", BLOCK_P=64, FOLD_N=64), dict(HPP=16, PREFETCH=2),
                                  dict(HPP=4, PREFETCH=0), dict(NC=32, NS=3, FUSE=True), dict(NC=64, NS=2, maxnreg=80)],
