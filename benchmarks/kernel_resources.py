@@ -52,11 +52,10 @@ class _Capture:
         return launch
 
 
-def capture(batch: int, T: int, W: int, config: dict | None, flush: bool = False):
+def capture(batch: int, T: int, W: int, config: dict | None):
     """The (grid, args, kwargs) replay_verify would launch for this batch on the GPU."""
     R = W + T
     pages = batch + 1
-    dev = torch.device("cpu")
     bf = torch.bfloat16
     ck = torch.empty(pages, H, P, N, dtype=torch.float32)
     xr = torch.empty(pages, H, R, P, dtype=bf)
@@ -91,7 +90,6 @@ def capture(batch: int, T: int, W: int, config: dict | None, flush: bool = False
         for n, f in saved.items():
             setattr(tr, n, f)
         tr._compiled, tr._num_sms = saved_fns
-    del dev
     return [(n, c.fn, c.calls[0]) for n, c in caps.items() if c.calls]
 
 

@@ -444,10 +444,12 @@ def _replay_verify_kernel(
 # -- verify, TMA route -----------------------------------------------------------------------
 #
 # One program per (row, head, BLOCK_P rows of the head dim). Every load of the program but the
-# checkpoint is a plain gather issued first (the cursors, then the history and window rows); the
-# checkpoint tile then arrives by one TMA copy into shared memory while those loads are in flight,
-# and the readout's tensor-core product reads it there: on non-flush rows the tile never passes
-# through registers, which is what kept the LDG routes issue-bound (docs/performance.md).
+# checkpoint is a plain gather issued first (the cursors, then the history and window rows); then the
+# checkpoint tile arrives by one TMA copy into shared memory and the readout's tensor-core product reads
+# it there: on non-flush rows the tile never passes through registers, which is what kept the LDG
+# routes issue-bound. Triton waits for the copy where it is issued, and stages the Gram's B operand in
+# shared memory right behind its load, so the copy goes out one gather round trip after the cursors
+# arrive (docs/performance.md §7).
 
 
 @triton.jit
