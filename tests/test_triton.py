@@ -109,7 +109,8 @@ def test_verify_rejects_bad_config():
     case = make_case(torch.Generator().manual_seed(0), "cpu", pages=4, H=2, G=1, P=16, N=16, W=8, T=2, rows=2, n_pad=0)
     before = {k: v.clone() for k, v in case["state"].items()}
     for bad, match in (({"READOUT": "dot"}, "unknown config keys"), ({"NC": 12}, "power of two"),
-                       ({"HPP": 3}, "HPP must divide"), ({"HPP": 0}, "HPP must divide")):
+                       ({"HPP": 3}, "HPP must divide"), ({"HPP": 0}, "HPP must divide"),
+                       ({"L2PF": 3}, "L2PF must be 0, 1 or 2")):
         with pytest.raises(ValueError, match=match):
             trk.replay_verify(*(case["state"][k] for k in ("checkpoint", "x_ring", "B_ring", "dt_ring")),
                               case["ring_start"], case["num_committed"], case["x"], case["dt"], case["A"],
@@ -386,7 +387,8 @@ def test_tma_kernel_chosen_where_the_geometry_allows():
 
 
 @pytest.mark.parametrize("cfg", [{"KERNEL": "tma"}, {"KERNEL": "tma", "BLOCK_P": 16}, {"KERNEL": "tma", "FOLD_N": 8},
-                                 {"KERNEL": "tma", "BLOCK_P": 16, "FOLD_N": 16}])
+                                 {"KERNEL": "tma", "HEADS": 2, "BLOCK_P": 16, "L2PF": 1},
+                                 {"KERNEL": "tma", "BLOCK_P": 16, "FOLD_N": 16, "L2PF": 2}])
 @pytest.mark.parametrize("route,state_dtype,act_dtype,T,W", [
     ("flush", torch.float32, torch.float32, 4, 12), ("mixed", torch.float32, torch.bfloat16, 3, 9),
     ("nonflush", torch.bfloat16, torch.bfloat16, 8, 24), ("mixed", torch.float32, torch.float16, 1, 5),
@@ -428,7 +430,8 @@ def test_tma_kernel_rejects_what_it_cannot_run():
     before = {k: v.clone() for k, v in case["state"].items()}
     out = torch.full_like(case["x"], 7.0)
     for bad, match in (({"KERNEL": "tma", "HPP": 1}, "LDG kernel only"), ({"KERNEL": "tma"}, "TMA verify kernel needs"),
-                       ({"KERNEL": "wgmma"}, "KERNEL must be")):
+                       ({"KERNEL": "wgmma"}, "KERNEL must be"), ({"KERNEL": "ldg", "L2PF": 1}, "TMA kernel only"),
+                       ({"L2PF": 1}, "TMA kernel only")):
         with pytest.raises(ValueError, match=match):
             trk.replay_verify(*_verify_args(case), out, config=bad)
     assert all(torch.equal(before[k], case["state"][k]) for k in before)
