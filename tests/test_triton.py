@@ -386,8 +386,20 @@ def test_tma_kernel_chosen_where_the_geometry_allows():
     assert trk.tma_block_p(64, 512, cpu) == 0  # the TMA box holds N whole: at most 256
 
 
+def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
+    """As measured on the H200: batch 1 (at most one program per SM) runs uncapped with L2 prefetches, larger
+    grids capped at 96 registers without them; rings over 32 rows take the LDG kernel."""
+    monkeypatch.setattr(trk, "_compiled", lambda device: True)
+    monkeypatch.setattr(trk, "_num_sms", lambda device: 132)
+    cuda = torch.device("cuda")
+    small = trk.verify_config(1, 128, 64, 128, 20, 4, cuda, 8)
+    assert small["KERNEL"] == "tma" and small["L2PF"] == 2 and "maxnreg" not in small
+    large = trk.verify_config(256, 128, 64, 128, 20, 4, cuda, 8)
+    assert large["KERNEL"] == "tma" and large["maxnreg"] == 96 and "L2PF" not in large
+    assert trk.verify_config(1, 128, 64, 128, 40, 8, cuda, 8)["KERNEL"] == "ldg"
+
+
 @pytest.mark.parametrize("cfg", [{"KERNEL": "tma"}, {"KERNEL": "tma", "BLOCK_P": 16}, {"KERNEL": "tma", "FOLD_N": 8},
-                                 {"KERNEL": "tma", "HEADS": 2, "BLOCK_P": 16, "L2PF": 1},
                                  {"KERNEL": "tma", "BLOCK_P": 16, "FOLD_N": 16, "L2PF": 2}])
 @pytest.mark.parametrize("route,state_dtype,act_dtype,T,W", [
     ("flush", torch.float32, torch.float32, 4, 12), ("mixed", torch.float32, torch.bfloat16, 3, 9),

@@ -463,7 +463,8 @@ def _replay_verify_kernel(
 # it there: on non-flush rows the tile never passes through registers, which is what kept the LDG
 # routes issue-bound. Triton waits for the copy where it is issued, and stages the Gram's B operand in
 # shared memory right behind its load, so the copy goes out one gather round trip after the cursors
-# arrive (docs/performance.md §7).
+# arrive (docs/performance.md §7). Optional L2 prefetches (PF_*) start the tile's and rings' DRAM reads
+# with the page id; measured useful only for grids under one program per SM (§8).
 
 
 @triton.jit
@@ -482,7 +483,7 @@ def _verify_tma_kernel(
     s_C_t, s_C_g,
     s_z_t, s_z_h,
     s_o_t, s_o_h,
-    P: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr, HEADS: tl.constexpr,
+    P: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_S: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
@@ -496,17 +497,16 @@ def _verify_tma_kernel(
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
     if (page32 != 0) & (q > 0):
-        h0_32 = (pid // NPT) * HEADS  # the program's first head; its HEADS heads share one group
+        ck_row = (page32 * H + pid // NPT) * P + pt * BLOCK_P  # the tile's first row in the (pages * H * P, N) view
         page = page32.to(tl.int64)
-        h0 = h0_32.to(tl.int64)
-        g = h0 // HPG
-        # L2 prefetches (bytes per head / group; 0 = off): the heads' tiles, x rings and the group's B ring stream
-        # into L2 while the cursors and gathers make their dependent round trips
-        for i in tl.static_range(HEADS):
-            if PF_CK:
-                _prefetch_l2(ck_ptr + ((page32 * H + h0_32 + i) * P + pt * BLOCK_P).to(tl.int64) * BLOCK_N, PF_CK)
-            if PF_X:
-                _prefetch_l2(xr_ptr + page * s_xr_pg + (h0 + i) * s_xr_h, PF_X)
+        h = (pid // NPT).to(tl.int64)
+        g = h // HPG
+        # L2 prefetches (bytes; 0 = off): the tile, the head's x ring and the group's B ring stream into L2
+        # while the cursors and gathers make their dependent round trips
+        if PF_CK:
+            _prefetch_l2(ck_ptr + ck_row.to(tl.int64) * BLOCK_N, PF_CK)
+        if PF_X:
+            _prefetch_l2(xr_ptr + page * s_xr_pg + h * s_xr_h, PF_X)
         if PF_B:
             _prefetch_l2(Br_ptr + page * s_Br_pg + g * s_Br_g, PF_B)
         offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -519,7 +519,7 @@ def _verify_tma_kernel(
             offs_p = offs_p.to(tl.int64)
             offs_n = offs_n.to(tl.int64)
             tw = tw.to(tl.int64)
-        # what the heads share: C over the window, the cursors, the sequence's B rows and the Gram B·Cᵀ
+        # what needs only the row: C over the window; then the cursors, then the sequence gathers
         Cw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :], mask=ms[:, None], other=0.0)
         c = tl.load(nc_ptr + page)
         rs = tl.load(rs_ptr + page)
@@ -531,72 +531,70 @@ def _verify_tma_kernel(
         if IDX64:
             ring = ring.to(tl.int64)
             tok = tok.to(tl.int64)
+        xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
+        x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
+        X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_P)
         Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
         b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
         B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_N)
+        dtr_h = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
+        dth = tl.load(dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
+        dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
+        A = tl.load(A_ptr + h).to(tl.float32)
+        if HAS_DTB:
+            dtn += tl.load(dtb_ptr + h).to(tl.float32)
+        if HAS_Z:
+            zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=ms[None, :], other=0.0)
+        # the checkpoint tile: one TMA copy into shared memory (waited for here)
+        S0 = ck_desc.load([ck_row, 0])
+        # Λ over the sequence, the causal factors F[k, s] = (B_k·C_s) dt_k e^{A (Λ_{c+s} - Λ_k)}
+        if DT_SOFTPLUS:
+            dtn = _softplus(dtn)
+        dtn = tl.where(is_new, dtn, 0.0)
+        dtp = tl.where(is_hist, dth, dtn)
+        lam = tl.cumsum(dtp, axis=0)
+        pos = c + ss
+        causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
+        diag = (kk[:, None] == pos[None, :]) & ms[None, :]
+        lam_w = tl.sum(tl.where(diag, lam[:, None], 0.0), axis=0)
         if GRAM16:  # 16-bit B and C: exact products, fp32 accumulation
             Gm = tl.dot(B_raw, tl.trans(Cw))
         else:
             Gm = tl.dot(B_raw.to(tl.float32), tl.trans(Cw.to(tl.float32)), input_precision=DOT_PREC)
-        if (pt == 0) & (h0 % HPG == 0):  # the group's first program appends the window's B rows to the ring
-            tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], B_raw, mask=is_new[:, None])
-        pos = c + ss
-        causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
-        diag = (kk[:, None] == pos[None, :]) & ms[None, :]
-        for i in range(HEADS):
-            h = h0 + i
-            xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
-            x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
-            X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_P)
-            dtr_h = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
-            dth = tl.load(dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
-            dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
-            A = tl.load(A_ptr + h).to(tl.float32)
-            if HAS_DTB:
-                dtn += tl.load(dtb_ptr + h).to(tl.float32)
-            if HAS_Z:
-                zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=ms[None, :], other=0.0)
-            # the checkpoint tile: one TMA copy into shared memory (waited for here)
-            S0 = ck_desc.load([(page32 * H + h0_32 + i) * P + pt * BLOCK_P, 0])
-            # Λ over the sequence, the causal factors F[k, s] = (B_k·C_s) dt_k e^{A (Λ_{c+s} - Λ_k)}
-            if DT_SOFTPLUS:
-                dtn = _softplus(dtn)
-            dtn = tl.where(is_new, dtn, 0.0)
-            dtp = tl.where(is_hist, dth, dtn)
-            lam = tl.cumsum(dtp, axis=0)
-            lam_w = tl.sum(tl.where(diag, lam[:, None], 0.0), axis=0)
-            F = tl.where(causal, Gm * dtp[:, None] * _decay(A, lam_w[None, :] - lam[:, None]), 0.0)
-            if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
-                F += tl.where(diag, tl.load(D_ptr + h).to(tl.float32), 0.0)
-            # y_s = e^{A Λ_w} S0 C_s + Σ_k F[k, s] x_k: the readout from shared memory, then the sequence,
-            # both tf32 products into one accumulator (the decays ride on C's rows)
-            if READ16:  # 16-bit checkpoint in C's dtype: exact products, decays on the accumulator
-                Y = tl.dot(S0, tl.trans(Cw)) * _decay(A, lam_w)[None, :]
-            else:
-                Cd = Cw.to(tl.float32) * _decay(A, lam_w)[:, None]
-                Y = tl.dot(S0.to(tl.float32), tl.trans(Cd), input_precision=DOT_PREC)
-            XT = tl.trans(X_raw.to(tl.float32))
-            Y = tl.dot(XT, F, Y, input_precision=DOT_PREC)
-            if HAS_Z:
-                z = zz.to(tl.float32)
-                Y *= z * tl.sigmoid(z)
-            tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None], Y.to(out_ptr.dtype.element_ty),
-                     mask=ms[None, :])
-            # append the window's rows to the ring (disjoint from the history: c + q <= R)
-            tl.store(xr_h + ring[:, None] * s_xr_r + offs_p[None, :], X_raw, mask=is_new[:, None])
-            if pt == 0:
-                tl.store(dtr_h + ring * s_dtr_r, dtn, mask=is_new)
-            if c + q > window:
-                # flush row: S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0 N chunk
-                # by N chunk (chunks re-read, L2 hits, so no full-tile accumulator is live)
-                XTw, hi, lo_, carry = _fold_weights(XT, dth, A, FOLD_SPLIT)
-                ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * BLOCK_N
-                mp = offs_p < P
-                b_hist = Br_base + ring * s_Br_r
-                for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
-                    oc, ck, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N, BLOCK_N, BLOCK_P, FOLD_N, IDX64)
-                    _fold_chunk(_load_chunk(ck, mc, True) * carry, ck, mc, oc, b_hist, is_hist, N, XTw, hi, lo_,
-                                ck_ptr, True, FOLD_SPLIT, FOLD_PREC)
+        F = tl.where(causal, Gm * dtp[:, None] * _decay(A, lam_w[None, :] - lam[:, None]), 0.0)
+        if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
+            F += tl.where(diag, tl.load(D_ptr + h).to(tl.float32), 0.0)
+        # y_s = e^{A Λ_w} S0 C_s + Σ_k F[k, s] x_k: the readout from shared memory, then the sequence,
+        # both tf32 products into one accumulator (the decays ride on C's rows)
+        if READ16:  # 16-bit checkpoint in C's dtype: exact products, decays on the accumulator
+            Y = tl.dot(S0, tl.trans(Cw)) * _decay(A, lam_w)[None, :]
+        else:
+            Cd = Cw.to(tl.float32) * _decay(A, lam_w)[:, None]
+            Y = tl.dot(S0.to(tl.float32), tl.trans(Cd), input_precision=DOT_PREC)
+        XT = tl.trans(X_raw.to(tl.float32))
+        Y = tl.dot(XT, F, Y, input_precision=DOT_PREC)
+        if HAS_Z:
+            z = zz.to(tl.float32)
+            Y *= z * tl.sigmoid(z)
+        tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None], Y.to(out_ptr.dtype.element_ty),
+                 mask=ms[None, :])
+        # append the window's rows to the ring (disjoint from the history: c + q <= R)
+        tl.store(xr_h + ring[:, None] * s_xr_r + offs_p[None, :], X_raw, mask=is_new[:, None])
+        if pt == 0:
+            tl.store(dtr_h + ring * s_dtr_r, dtn, mask=is_new)
+            if h % HPG == 0:
+                tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], B_raw, mask=is_new[:, None])
+        if c + q > window:
+            # flush row: S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0 N chunk
+            # by N chunk (chunks re-read, L2 hits, so no full-tile accumulator is live)
+            XTw, hi, lo_, carry = _fold_weights(XT, dth, A, FOLD_SPLIT)
+            ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * BLOCK_N
+            mp = offs_p < P
+            b_hist = Br_base + ring * s_Br_r
+            for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
+                oc, ck, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N, BLOCK_N, BLOCK_P, FOLD_N, IDX64)
+                _fold_chunk(_load_chunk(ck, mc, True) * carry, ck, mc, oc, b_hist, is_hist, N, XTw, hi, lo_,
+                            ck_ptr, True, FOLD_SPLIT, FOLD_PREC)
 
 
 # -- materialize --------------------------------------------------------------------------
@@ -748,7 +746,9 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     ``kernel``: "tma" or "ldg", or None to choose: the TMA kernel wherever the geometry allows
     (:func:`tma_block_p`) and, on the GPU, the ring has at most 32 rows (its 64-row sequence tile
     measured slower than the LDG kernel's), one head and 64 head-dim rows per program, registers
-    capped at 96 (5 programs per SM). For the LDG kernel, measured on
+    capped at 96 (5 programs per SM); a grid of at most one program per SM (batch 1) instead runs
+    uncapped with L2 prefetches (``L2PF`` 2: measured 4-11 % faster there, slower at batch 8, within
+    noise at 64-256 non-flush, 3-5 % faster on flush rows). For the LDG kernel, measured on
     the H200 (``docs/performance.md``): one head per program (``HPP`` 1) with the
     registers capped at 80 (``maxnreg``: 6 programs per SM instead of 4-5) beat every multi-head
     program; once the grid has >= 16 programs per SM, streaming the checkpoint through a
@@ -761,8 +761,11 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
         kernel = "tma" if block_tma and (_pow2(R) <= 32 or not _compiled(device)) else "ldg"
     if kernel == "tma":
         cfg = {"KERNEL": "tma", "BLOCK_P": block_tma or 64, "num_warps": 4, "num_stages": 1, "FOLD_N": 32}
-        if _compiled(device) and _pow2(R) <= 32:  # 96 registers: 5 programs per SM (43 KB of shared memory each)
-            cfg["maxnreg"] = 96
+        if _compiled(device) and _pow2(R) <= 32:
+            if rows * H * (P // cfg["BLOCK_P"]) <= _num_sms(device):
+                cfg["L2PF"] = 2  # under one program per SM: latency-bound, the prefetches overlap the round trips
+            else:
+                cfg["maxnreg"] = 96  # 5 programs per SM (43 KB of shared memory each)
         return cfg
     HPG = H // max(G, 1)
     if not _compiled(device):
@@ -853,7 +856,9 @@ def replay_verify(
             (divides H / G), ``BLOCK_P`` head-dim rows per program, ``NC`` (0: whole checkpoint tile; a power
             of two >= 16 on the GPU: the tile streamed in NC-column chunks over ``NS`` pipeline stages),
             ``FUSE`` (flush rows fold while streaming, NC > 0), ``FOLD_N`` (N chunk of the fold otherwise),
-            ``PREFETCH`` (HPP > 1: 0, 1 = next head's tile, 2 = all its loads ahead), ``num_warps``,
+            ``PREFETCH`` (HPP > 1: 0, 1 = next head's tile, 2 = all its loads ahead), ``L2PF`` (TMA kernel only:
+            0, 1 = prefetch the checkpoint tile into L2 once the page id is known, 2 = also the x and B rings;
+            GPU only, a no-op in the interpreter), ``num_warps``,
             ``num_stages``, ``maxnreg`` (register cap, GPU only). Results agree to fp32/tf32 rounding
             across configs.
     Returns:
@@ -912,13 +917,10 @@ def replay_verify(
             raise ValueError(f"the TMA verify kernel needs a contiguous checkpoint, P divisible by BLOCK_P={BLOCK_P} "
                              f"and N a power of two in [16, 256]; got {tuple(checkpoint.shape)} "
                              f"(use KERNEL='ldg')")
-        HEADS = int(cfg.get("HEADS", 1))
-        if HEADS < 1 or (H // G) % HEADS:
-            raise ValueError(f"config HEADS must divide the {H // G} heads per group, got {HEADS}")
-        _verify_tma_kernel[(H // HEADS * (P // BLOCK_P), rows)](
+        _verify_tma_kernel[(H * (P // BLOCK_P), rows)](
             TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N]),
             checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, *step, window, R, H, N, *strides,
-            P=P, NPT=P // BLOCK_P, HPG=H // G, HEADS=HEADS, BLOCK_P=BLOCK_P, BLOCK_N=N, BLOCK_K=_pow2(R), BLOCK_S=_pow2(T),
+            P=P, NPT=P // BLOCK_P, HPG=H // G, BLOCK_P=BLOCK_P, BLOCK_N=N, BLOCK_K=_pow2(R), BLOCK_S=_pow2(T),
             FOLD_N=min(N, int(cfg.get("FOLD_N", 32 if _compiled(dev) else N))),
             GRAM16=_compiled(dev) and B.dtype == C.dtype and B.element_size() == 2,
             READ16=_compiled(dev) and checkpoint.dtype == C.dtype and checkpoint.element_size() == 2,
@@ -969,7 +971,7 @@ def _l2_prefetch(level: int, checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor,
 
 #: config keys :func:`replay_verify` accepts, and those that only the LDG / the TMA kernel reads
 _LDG_KEYS = frozenset({"HPP", "NC", "NS", "FUSE", "PREFETCH"})
-_TMA_KEYS = frozenset({"L2PF", "HEADS"})
+_TMA_KEYS = frozenset({"L2PF"})
 _CONFIG_KEYS = _LDG_KEYS | _TMA_KEYS | {"KERNEL", "BLOCK_P", "FOLD_N", "num_warps", "num_stages", "maxnreg"}
 
 
