@@ -748,7 +748,7 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     measured slower than the LDG kernel's), one head and 64 head-dim rows per program, registers
     capped at 96 (5 programs per SM); a grid of at most one program per SM (batch 1) instead runs
     uncapped with L2 prefetches (``L2PF`` 2: measured 4-11 % faster there, slower at batch 8, within
-    noise at 64-256 non-flush, 3-5 % faster on flush rows). For the LDG kernel, measured on
+    noise at 64-256 non-flush, 2-5 % faster on flush rows). For the LDG kernel, measured on
     the H200 (``docs/performance.md``): one head per program (``HPP`` 1) with the
     registers capped at 80 (``maxnreg``: 6 programs per SM instead of 4-5) beat every multi-head
     program; once the grid has >= 16 programs per SM, streaming the checkpoint through a
@@ -951,22 +951,22 @@ def _l2_prefetch(level: int, checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor,
 
     ``level`` (config ``L2PF``): 0 none, 1 the checkpoint tile, 2 also the head's x ring and the group's B
     ring. A bulk prefetch needs 16-byte aligned addresses and sizes, so a ring whose per-page or per-head
-    offsets are not is left out; the interpreter runs none (inline PTX).
+    offsets or whose span (first row to the end of the last) are not is left out; the interpreter runs
+    none (inline PTX).
     """
     if level not in (0, 1, 2):
         raise ValueError(f"config L2PF must be 0, 1 or 2, got {level}")
     if level == 0 or not _compiled(device):
         return {"PF_CK": 0, "PF_X": 0, "PF_B": 0}
 
-    def ring_bytes(ring: Tensor) -> int:
+    def ring_bytes(ring: Tensor) -> int:  # (pages, H or G, R, P or N), the last dim contiguous
         e = ring.element_size()
-        span = ring.shape[2] * ring.stride(2) * e
-        ok = (ring.data_ptr() % 16 == 0 and span % 16 == 0
-              and all(st * e % 16 == 0 for st in ring.stride()[:2]))
-        return span if ok and level == 2 else 0
+        span = ((ring.shape[2] - 1) * ring.stride(2) + ring.shape[3]) * e
+        ok = ring.data_ptr() % 16 == 0 and span % 16 == 0 and all(st * e % 16 == 0 for st in ring.stride()[:2])
+        return span if ok else 0
 
-    return {"PF_CK": block_p * checkpoint.shape[3] * checkpoint.element_size(), "PF_X": ring_bytes(x_ring),
-            "PF_B": ring_bytes(B_ring)}
+    rings = {"PF_X": ring_bytes(x_ring), "PF_B": ring_bytes(B_ring)} if level == 2 else {"PF_X": 0, "PF_B": 0}
+    return {"PF_CK": block_p * checkpoint.shape[3] * checkpoint.element_size(), **rings}
 
 
 #: config keys :func:`replay_verify` accepts, and those that only the LDG / the TMA kernel reads
