@@ -400,7 +400,8 @@ def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
 
 
 @pytest.mark.parametrize("cfg", [{"KERNEL": "tma"}, {"KERNEL": "tma", "BLOCK_P": 16}, {"KERNEL": "tma", "FOLD_N": 8},
-                                 {"KERNEL": "tma", "BLOCK_P": 16, "FOLD_N": 16, "L2PF": 2}])
+                                 {"KERNEL": "tma", "BLOCK_P": 16, "FOLD_N": 16, "L2PF": 2},
+                                 {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2}, {"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 2}])
 @pytest.mark.parametrize("route,state_dtype,act_dtype,T,W", [
     ("flush", torch.float32, torch.float32, 4, 12), ("mixed", torch.float32, torch.bfloat16, 3, 9),
     ("nonflush", torch.bfloat16, torch.bfloat16, 8, 24), ("mixed", torch.float32, torch.float16, 1, 5),

@@ -106,6 +106,23 @@ def _prefetch_l2(addr, nbytes):
 
 
 @triton.jit
+def _prefetch_ahead(ck_ptr, xr_ptr, Br_ptr, page32, h32, pt, H, P, HPG, s_xr_pg, s_xr_h, s_Br_pg, s_Br_g,
+                    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr,
+                    PF_B: tl.constexpr):
+    """L2 prefetches of one TMA program's inputs (sizes in bytes; 0 = off): the checkpoint tile of head
+    ``h32``, P tile ``pt`` on page ``page32``, that head's x ring and, from the group's first head, its B ring."""
+    page = page32.to(tl.int64)
+    h = h32.to(tl.int64)
+    if PF_CK:
+        _prefetch_l2(ck_ptr + ((page32 * H + h32) * P + pt * BLOCK_P).to(tl.int64) * BLOCK_N, PF_CK)
+    if PF_X:
+        _prefetch_l2(xr_ptr + page * s_xr_pg + h * s_xr_h, PF_X)
+    if PF_B:
+        if (h % HPG == 0) & (pt == 0):
+            _prefetch_l2(Br_ptr + page * s_Br_pg + (h // HPG) * s_Br_g, PF_B)
+
+
+@triton.jit
 def _decay(A, lam):
     """``e^{A lam}``, clamped at 1 (A < 0, lam >= 0: only rounding can push the exponent above 0)."""
     return tl.exp(tl.minimum(A * lam, 0.0))
@@ -435,6 +452,7 @@ def _replay_verify_kernel(
         if (pt == 0) & (h0 % HPG == 0):  # append the window's B rows to the ring, once per group
             tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], B_raw, mask=is_new[:, None] & mn[None, :])
         flush = c + q > window
+        CwT = tl.trans(Cw) if READ16 else tl.trans(Cw.to(tl.float32))
         xr_base = xr_ptr + page * s_xr_pg
         dtr_base = dtr_ptr + page * s_dtr_pg
         b_hist = Br_base + ring * s_Br_r  # the history's B rows (re-read per N chunk of a flush row's fold)
@@ -483,12 +501,13 @@ def _verify_tma_kernel(
     s_C_t, s_C_g,
     s_z_t, s_z_h,
     s_o_t, s_o_h,
-    P: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr,
+    P: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr, HEADS: tl.constexpr, HSTAGES: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_S: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
+    PF_AHEAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     row = tl.program_id(1)
@@ -496,19 +515,28 @@ def _verify_tma_kernel(
     page32 = tl.load(page_ptr + row)
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
+    if PF_AHEAD:
+        # L2 prefetches for the program PF_AHEAD launch slots later (programs start in launch order, so about
+        # a wave ahead its tile and rings stream into L2 while this program runs; hints only, never required)
+        nx = tl.num_programs(0)
+        ahead = row * nx + pid + PF_AHEAD
+        a_row = ahead // nx
+        a_pid = ahead % nx
+        a_page = tl.load(page_ptr + a_row, mask=a_row < tl.num_programs(1), other=0)
+        if a_page != 0:
+            _prefetch_ahead(ck_ptr, xr_ptr, Br_ptr, a_page, (a_pid // NPT) * HEADS, a_pid % NPT, H, P, HPG,
+                            s_xr_pg, s_xr_h, s_Br_pg, s_Br_g, BLOCK_P, BLOCK_N, PF_CK, PF_X, PF_B)
     if (page32 != 0) & (q > 0):
-        ck_row = (page32 * H + pid // NPT) * P + pt * BLOCK_P  # the tile's first row in the (pages * H * P, N) view
+        h0_32 = (pid // NPT) * HEADS  # the program's first head; its HEADS heads share one group
+        ck_row0 = (page32 * H + h0_32) * P + pt * BLOCK_P  # the first head's tile row in the (pages * H * P, N) view
         page = page32.to(tl.int64)
-        h = (pid // NPT).to(tl.int64)
-        g = h // HPG
-        # L2 prefetches (bytes; 0 = off): the tile, the head's x ring and the group's B ring stream into L2
+        h0 = h0_32.to(tl.int64)
+        g = h0 // HPG
+        # L2 prefetches (bytes; 0 = off): the first head's tile and x ring, the group's B ring stream into L2
         # while the cursors and gathers make their dependent round trips
-        if PF_CK:
-            _prefetch_l2(ck_ptr + ck_row.to(tl.int64) * BLOCK_N, PF_CK)
-        if PF_X:
-            _prefetch_l2(xr_ptr + page * s_xr_pg + h * s_xr_h, PF_X)
-        if PF_B:
-            _prefetch_l2(Br_ptr + page * s_Br_pg + g * s_Br_g, PF_B)
+        if not PF_AHEAD:
+            _prefetch_ahead(ck_ptr, xr_ptr, Br_ptr, page32, h0_32, pt, H, P, HPG,
+                            s_xr_pg, s_xr_h, s_Br_pg, s_Br_g, BLOCK_P, BLOCK_N, PF_CK, PF_X, PF_B)
         offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_n = tl.arange(0, BLOCK_N)
         ss = tl.arange(0, BLOCK_S)
@@ -519,7 +547,7 @@ def _verify_tma_kernel(
             offs_p = offs_p.to(tl.int64)
             offs_n = offs_n.to(tl.int64)
             tw = tw.to(tl.int64)
-        # what needs only the row: C over the window; then the cursors, then the sequence gathers
+        # what the heads share: C over the window, the cursors, the sequence's B rows and the Gram B·Cᵀ
         Cw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :], mask=ms[:, None], other=0.0)
         c = tl.load(nc_ptr + page)
         rs = tl.load(rs_ptr + page)
@@ -531,70 +559,74 @@ def _verify_tma_kernel(
         if IDX64:
             ring = ring.to(tl.int64)
             tok = tok.to(tl.int64)
-        xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
-        x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
-        X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_P)
         Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
         b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
         B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_N)
-        dtr_h = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
-        dth = tl.load(dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
-        dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
-        A = tl.load(A_ptr + h).to(tl.float32)
-        if HAS_DTB:
-            dtn += tl.load(dtb_ptr + h).to(tl.float32)
-        if HAS_Z:
-            zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=ms[None, :], other=0.0)
-        # the checkpoint tile: one TMA copy into shared memory (waited for here)
-        S0 = ck_desc.load([ck_row, 0])
-        # Λ over the sequence, the causal factors F[k, s] = (B_k·C_s) dt_k e^{A (Λ_{c+s} - Λ_k)}
-        if DT_SOFTPLUS:
-            dtn = _softplus(dtn)
-        dtn = tl.where(is_new, dtn, 0.0)
-        dtp = tl.where(is_hist, dth, dtn)
-        lam = tl.cumsum(dtp, axis=0)
-        pos = c + ss
-        causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
-        diag = (kk[:, None] == pos[None, :]) & ms[None, :]
-        lam_w = tl.sum(tl.where(diag, lam[:, None], 0.0), axis=0)
         if GRAM16:  # 16-bit B and C: exact products, fp32 accumulation
             Gm = tl.dot(B_raw, tl.trans(Cw))
         else:
             Gm = tl.dot(B_raw.to(tl.float32), tl.trans(Cw.to(tl.float32)), input_precision=DOT_PREC)
-        F = tl.where(causal, Gm * dtp[:, None] * _decay(A, lam_w[None, :] - lam[:, None]), 0.0)
-        if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
-            F += tl.where(diag, tl.load(D_ptr + h).to(tl.float32), 0.0)
-        # y_s = e^{A Λ_w} S0 C_s + Σ_k F[k, s] x_k: the readout from shared memory, then the sequence,
-        # both tf32 products into one accumulator (the decays ride on C's rows)
-        if READ16:  # 16-bit checkpoint in C's dtype: exact products, decays on the accumulator
-            Y = tl.dot(S0, tl.trans(Cw)) * _decay(A, lam_w)[None, :]
-        else:
-            Cd = Cw.to(tl.float32) * _decay(A, lam_w)[:, None]
-            Y = tl.dot(S0.to(tl.float32), tl.trans(Cd), input_precision=DOT_PREC)
-        XT = tl.trans(X_raw.to(tl.float32))
-        Y = tl.dot(XT, F, Y, input_precision=DOT_PREC)
-        if HAS_Z:
-            z = zz.to(tl.float32)
-            Y *= z * tl.sigmoid(z)
-        tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None], Y.to(out_ptr.dtype.element_ty),
-                 mask=ms[None, :])
-        # append the window's rows to the ring (disjoint from the history: c + q <= R)
-        tl.store(xr_h + ring[:, None] * s_xr_r + offs_p[None, :], X_raw, mask=is_new[:, None])
-        if pt == 0:
-            tl.store(dtr_h + ring * s_dtr_r, dtn, mask=is_new)
-            if h % HPG == 0:
-                tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], B_raw, mask=is_new[:, None])
-        if c + q > window:
-            # flush row: S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0 N chunk
-            # by N chunk (chunks re-read, L2 hits, so no full-tile accumulator is live)
-            XTw, hi, lo_, carry = _fold_weights(XT, dth, A, FOLD_SPLIT)
-            ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * BLOCK_N
-            mp = offs_p < P
-            b_hist = Br_base + ring * s_Br_r
-            for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
-                oc, ck, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N, BLOCK_N, BLOCK_P, FOLD_N, IDX64)
-                _fold_chunk(_load_chunk(ck, mc, True) * carry, ck, mc, oc, b_hist, is_hist, N, XTw, hi, lo_,
-                            ck_ptr, True, FOLD_SPLIT, FOLD_PREC)
+        if (pt == 0) & (h0 % HPG == 0):  # the group's first program appends the window's B rows to the ring
+            tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], B_raw, mask=is_new[:, None])
+        pos = c + ss
+        causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
+        diag = (kk[:, None] == pos[None, :]) & ms[None, :]
+        flush = c + q > window
+        CwT = tl.trans(Cw) if READ16 else tl.trans(Cw.to(tl.float32))
+        # the heads in a software pipeline: head i + 1's tile copy (and gathers) go out while head i computes
+        for i in tl.range(0, HEADS, num_stages=HSTAGES):
+            h = h0 + i
+            xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
+            x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
+            X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_P)
+            dtr_h = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
+            dth = tl.load(dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
+            dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
+            A = tl.load(A_ptr + h).to(tl.float32)
+            if HAS_DTB:
+                dtn += tl.load(dtb_ptr + h).to(tl.float32)
+            if HAS_Z:
+                zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=ms[None, :], other=0.0)
+            # the checkpoint tile: one TMA copy into shared memory
+            S0 = ck_desc.load([ck_row0 + i * P, 0])
+            # Λ over the sequence, the causal factors F[k, s] = (B_k·C_s) dt_k e^{A (Λ_{c+s} - Λ_k)}
+            if DT_SOFTPLUS:
+                dtn = _softplus(dtn)
+            dtn = tl.where(is_new, dtn, 0.0)
+            dtp = tl.where(is_hist, dth, dtn)
+            lam = tl.cumsum(dtp, axis=0)
+            lam_w = tl.sum(tl.where(diag, lam[:, None], 0.0), axis=0)
+            F = tl.where(causal, Gm * dtp[:, None] * _decay(A, lam_w[None, :] - lam[:, None]), 0.0)
+            if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
+                F += tl.where(diag, tl.load(D_ptr + h).to(tl.float32), 0.0)
+            # y_s = e^{A Λ_w} S0 C_s + Σ_k F[k, s] x_k: the readout from shared memory, then the sequence,
+            # both tf32 products into one accumulator (the decays ride on C's rows)
+            if READ16:  # 16-bit checkpoint in C's dtype: exact products, decays on the accumulator
+                Y = tl.dot(S0, CwT) * _decay(A, lam_w)[None, :]
+            else:  # the decays on the accumulator too: C's operand is the same for every head of the loop
+                Y = tl.dot(S0.to(tl.float32), CwT, input_precision=DOT_PREC) * _decay(A, lam_w)[None, :]
+            XT = tl.trans(X_raw.to(tl.float32))
+            Y = tl.dot(XT, F, Y, input_precision=DOT_PREC)
+            if HAS_Z:
+                z = zz.to(tl.float32)
+                Y *= z * tl.sigmoid(z)
+            tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None], Y.to(out_ptr.dtype.element_ty),
+                     mask=ms[None, :])
+            # append the window's rows to the ring (disjoint from the history: c + q <= R)
+            tl.store(xr_h + ring[:, None] * s_xr_r + offs_p[None, :], X_raw, mask=is_new[:, None])
+            if pt == 0:
+                tl.store(dtr_h + ring * s_dtr_r, dtn, mask=is_new)
+            if flush:
+                # flush row: S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0 N chunk
+                # by N chunk (chunks re-read, L2 hits, so no full-tile accumulator is live)
+                XTw, hi, lo_, carry = _fold_weights(XT, dth, A, FOLD_SPLIT)
+                ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * BLOCK_N
+                mp = offs_p < P
+                b_hist = Br_base + ring * s_Br_r
+                for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
+                    oc, ck, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N, BLOCK_N, BLOCK_P, FOLD_N, IDX64)
+                    _fold_chunk(_load_chunk(ck, mc, True) * carry, ck, mc, oc, b_hist, is_hist, N, XTw, hi, lo_,
+                                ck_ptr, True, FOLD_SPLIT, FOLD_PREC)
 
 
 # -- materialize --------------------------------------------------------------------------
@@ -917,14 +949,16 @@ def replay_verify(
             raise ValueError(f"the TMA verify kernel needs a contiguous checkpoint, P divisible by BLOCK_P={BLOCK_P} "
                              f"and N a power of two in [16, 256]; got {tuple(checkpoint.shape)} "
                              f"(use KERNEL='ldg')")
-        _verify_tma_kernel[(H * (P // BLOCK_P), rows)](
+        HEADS = int(cfg.get("HEADS", 1))
+        _verify_tma_kernel[(H // HEADS * (P // BLOCK_P), rows)](
             TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N]),
             checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, *step, window, R, H, N, *strides,
-            P=P, NPT=P // BLOCK_P, HPG=H // G, BLOCK_P=BLOCK_P, BLOCK_N=N, BLOCK_K=_pow2(R), BLOCK_S=_pow2(T),
+            P=P, NPT=P // BLOCK_P, HPG=H // G, HEADS=HEADS, HSTAGES=int(cfg.get("HSTAGES", 1)), BLOCK_P=BLOCK_P, BLOCK_N=N, BLOCK_K=_pow2(R), BLOCK_S=_pow2(T),
             FOLD_N=min(N, int(cfg.get("FOLD_N", 32 if _compiled(dev) else N))),
             GRAM16=_compiled(dev) and B.dtype == C.dtype and B.element_size() == 2,
             READ16=_compiled(dev) and checkpoint.dtype == C.dtype and checkpoint.element_size() == 2,
-            **_l2_prefetch(int(cfg.get("L2PF", 0)), checkpoint, x_ring, B_ring, BLOCK_P, dev), **flags,
+            **_l2_prefetch(int(cfg.get("L2PF", 0)), checkpoint, x_ring, B_ring, BLOCK_P, dev),
+            PF_AHEAD=int(cfg.get("L2AHEAD", 0)) if _compiled(dev) else 0, **flags,
         )
         return out
     if _compiled(dev) and cfg.get("maxnreg") and NC == 0 and _pow2(R) > 32:
@@ -971,7 +1005,7 @@ def _l2_prefetch(level: int, checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor,
 
 #: config keys :func:`replay_verify` accepts, and those that only the LDG / the TMA kernel reads
 _LDG_KEYS = frozenset({"HPP", "NC", "NS", "FUSE", "PREFETCH"})
-_TMA_KEYS = frozenset({"L2PF"})
+_TMA_KEYS = frozenset({"L2PF", "L2AHEAD", "HEADS", "HSTAGES"})
 _CONFIG_KEYS = _LDG_KEYS | _TMA_KEYS | {"KERNEL", "BLOCK_P", "FOLD_N", "num_warps", "num_stages", "maxnreg"}
 
 

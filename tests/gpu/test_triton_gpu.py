@@ -38,7 +38,11 @@ def test_verify_nemotron(T, W, route, rows, n_pad):
 
 @pytest.mark.parametrize("cfg", [dict(KERNEL="tma"), dict(KERNEL="tma", maxnreg=0), dict(KERNEL="tma", maxnreg=96),
                                  dict(KERNEL="tma", L2PF=1), dict(KERNEL="tma", L2PF=2, maxnreg=0),
-                                 dict(KERNEL="tma", L2PF=2, BLOCK_P=32),
+                                 dict(KERNEL="tma", L2PF=2, BLOCK_P=32), dict(KERNEL="tma", HEADS=4, HSTAGES=2),
+                                 dict(KERNEL="tma", HEADS=16, HSTAGES=3, maxnreg=0),
+                                 dict(KERNEL="tma", HEADS=8, HSTAGES=2, num_warps=8, L2PF=2),
+                                 dict(KERNEL="tma", L2PF=2, L2AHEAD=3), dict(KERNEL="tma", L2PF=1, L2AHEAD=660),
+                                 dict(KERNEL="tma", HEADS=16, HSTAGES=5, maxnreg=0, num_warps=8),
                                  dict(KERNEL="tma", FOLD_N=64), dict(KERNEL="tma", BLOCK_P=32), dict(KERNEL="ldg", BLOCK_P=16),
                                  dict(KERNEL="ldg", BLOCK_P=32, num_warps=8), dict(KERNEL="ldg", num_stages=2),
                                  dict(KERNEL="ldg", BLOCK_P=64, FOLD_N=64), dict(HPP=16, PREFETCH=2),
