@@ -261,14 +261,18 @@ def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbp
         row["ours_default_nonflush_us"] = time_calls([ours(ids) for ids in sets], args.reps)
         if args.sweep:
             # every candidate on both routes; ours_* below use the fastest non-flush candidate
-            set_c(scen["flush"])
-            row["ours_default_flush_us"] = time_calls([ours(ids) for ids in sets], args.reps)
+            for name in ("flush", "mixed"):
+                set_c(scen[name])
+                row[f"ours_default_{name}_us"] = time_calls([ours(ids) for ids in sets], args.reps)
             results = [{"config": dict(row["heuristic"]), "default": True,
-                        "nonflush_us": row["ours_default_nonflush_us"], "flush_us": row["ours_default_flush_us"]}]
+                        "nonflush_us": row["ours_default_nonflush_us"], "flush_us": row["ours_default_flush_us"],
+                        "mixed_us": row["ours_default_mixed_us"]}]
+            log(f"  sweep b={b} default {row['heuristic']}: nonflush {row['ours_default_nonflush_us']:.2f} us, "
+                f"flush {row['ours_default_flush_us']:.2f} us, mixed {row['ours_default_mixed_us']:.2f} us")
             for cfg in SWEEP:
                 res = {"config": cfg}
                 try:
-                    for name in ("nonflush", "flush"):
+                    for name in ("nonflush", "flush", "mixed"):
                         set_c(scen[name])
                         res[f"{name}_us"] = time_calls([ours(ids, cfg) for ids in sets], args.reps)
                 except Exception as exc:  # a candidate that does not compile or launch is recorded and skipped
@@ -276,7 +280,8 @@ def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbp
                     log(f"  sweep b={b} {cfg}: failed {res['error']:.200}")
                     results.append(res)
                     continue
-                log(f"  sweep b={b} {cfg}: nonflush {res['nonflush_us']:.2f} us, flush {res['flush_us']:.2f} us")
+                log(f"  sweep b={b} {cfg}: nonflush {res['nonflush_us']:.2f} us, flush {res['flush_us']:.2f} us, "
+                    f"mixed {res['mixed_us']:.2f} us")
                 results.append(res)
             ok = [r for r in results if "error" not in r]
             row["sweep_results"] = results

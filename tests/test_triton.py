@@ -110,7 +110,8 @@ def test_verify_rejects_bad_config():
     before = {k: v.clone() for k, v in case["state"].items()}
     for bad, match in (({"READOUT": "dot"}, "unknown config keys"), ({"NC": 12}, "power of two"),
                        ({"HPP": 3}, "HPP must divide"), ({"HPP": 0}, "HPP must divide"),
-                       ({"L2PF": 3}, "L2PF must be 0, 1 or 2")):
+                       ({"L2PF": 3}, "L2PF must be 0, 1 or 2"), ({"HEADS": 3}, "HEADS must divide"),
+                       ({"HEADS": 0}, "HEADS must divide"), ({"HSTAGES": 0}, "HSTAGES must be >= 1")):
         with pytest.raises(ValueError, match=match):
             trk.replay_verify(*(case["state"][k] for k in ("checkpoint", "x_ring", "B_ring", "dt_ring")),
                               case["ring_start"], case["num_committed"], case["x"], case["dt"], case["A"],
@@ -387,21 +388,29 @@ def test_tma_kernel_chosen_where_the_geometry_allows():
 
 
 def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
-    """As measured on the H200: batch 1 (at most one program per SM) runs uncapped with L2 prefetches, larger
-    grids capped at 96 registers without them; rings over 32 rows take the LDG kernel."""
+    """As measured on the H200: batch 1 (at most one program per SM) runs uncapped with L2 prefetches; grids
+    with at least one program per SM when a program takes a group's 16 heads run those heads in a 2-stage
+    pipeline, uncapped, flush rows folded in one product; the grids between one head per program capped at
+    96 registers; rings over 32 rows take the LDG kernel."""
     monkeypatch.setattr(trk, "_compiled", lambda device: True)
     monkeypatch.setattr(trk, "_num_sms", lambda device: 132)
     cuda = torch.device("cuda")
     small = trk.verify_config(1, 128, 64, 128, 20, 4, cuda, 8)
-    assert small["KERNEL"] == "tma" and small["L2PF"] == 2 and "maxnreg" not in small
+    assert small["KERNEL"] == "tma" and small["L2PF"] == 2 and "maxnreg" not in small and "HEADS" not in small
+    mid = trk.verify_config(8, 128, 64, 128, 20, 4, cuda, 8)  # 64 programs of 16 heads: under one per SM
+    assert mid["KERNEL"] == "tma" and mid["maxnreg"] == 96 and "L2PF" not in mid and "HEADS" not in mid
     large = trk.verify_config(256, 128, 64, 128, 20, 4, cuda, 8)
-    assert large["KERNEL"] == "tma" and large["maxnreg"] == 96 and "L2PF" not in large
+    assert large["KERNEL"] == "tma" and "maxnreg" not in large and "L2PF" not in large
+    assert (large["HEADS"], large["HSTAGES"], large["FOLD_N"]) == (16, 2, 128)
+    assert "HEADS" not in trk.verify_config(256, 24, 64, 128, 20, 4, cuda, 8)  # 3 heads per group: one per program
+    assert [trk.tma_heads(H, G) for H, G in ((128, 8), (128, 1), (24, 8), (48, 2), (8, 8))] == [16, 16, 1, 8, 1]
     assert trk.verify_config(1, 128, 64, 128, 40, 8, cuda, 8)["KERNEL"] == "ldg"
 
 
 @pytest.mark.parametrize("cfg", [{"KERNEL": "tma"}, {"KERNEL": "tma", "BLOCK_P": 16}, {"KERNEL": "tma", "FOLD_N": 8},
                                  {"KERNEL": "tma", "BLOCK_P": 16, "FOLD_N": 16, "L2PF": 2},
-                                 {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2}, {"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 2}])
+                                 {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2}, {"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 2},
+                                 {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2, "FOLD_N": 8}])
 @pytest.mark.parametrize("route,state_dtype,act_dtype,T,W", [
     ("flush", torch.float32, torch.float32, 4, 12), ("mixed", torch.float32, torch.bfloat16, 3, 9),
     ("nonflush", torch.bfloat16, torch.bfloat16, 8, 24), ("mixed", torch.float32, torch.float16, 1, 5),

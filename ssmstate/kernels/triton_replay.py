@@ -45,7 +45,10 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from ssmstate.errors import ConfigError, ShapeError
 
 Tensor = torch.Tensor
 
@@ -103,23 +106,6 @@ def _prefetch_l2(addr, nbytes):
         "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
         "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
         "=r,l,r", [addr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_ahead(ck_ptr, xr_ptr, Br_ptr, page32, h32, pt, H, P, HPG, s_xr_pg, s_xr_h, s_Br_pg, s_Br_g,
-                    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr,
-                    PF_B: tl.constexpr):
-    """L2 prefetches of one TMA program's inputs (sizes in bytes; 0 = off): the checkpoint tile of head
-    ``h32``, P tile ``pt`` on page ``page32``, that head's x ring and, from the group's first head, its B ring."""
-    page = page32.to(tl.int64)
-    h = h32.to(tl.int64)
-    if PF_CK:
-        _prefetch_l2(ck_ptr + ((page32 * H + h32) * P + pt * BLOCK_P).to(tl.int64) * BLOCK_N, PF_CK)
-    if PF_X:
-        _prefetch_l2(xr_ptr + page * s_xr_pg + h * s_xr_h, PF_X)
-    if PF_B:
-        if (h % HPG == 0) & (pt == 0):
-            _prefetch_l2(Br_ptr + page * s_Br_pg + (h // HPG) * s_Br_g, PF_B)
 
 
 @triton.jit
@@ -452,7 +438,6 @@ def _replay_verify_kernel(
         if (pt == 0) & (h0 % HPG == 0):  # append the window's B rows to the ring, once per group
             tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], B_raw, mask=is_new[:, None] & mn[None, :])
         flush = c + q > window
-        CwT = tl.trans(Cw) if READ16 else tl.trans(Cw.to(tl.float32))
         xr_base = xr_ptr + page * s_xr_pg
         dtr_base = dtr_ptr + page * s_dtr_pg
         b_hist = Br_base + ring * s_Br_r  # the history's B rows (re-read per N chunk of a flush row's fold)
@@ -486,6 +471,93 @@ def _replay_verify_kernel(
 
 
 @triton.jit
+def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
+               ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t,
+               s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist, is_new,
+               is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P: tl.constexpr, HEADS: tl.constexpr,
+               HSTAGES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr,
+               HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+               READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
+               IDX64: tl.constexpr, FLUSH: tl.constexpr):
+    """The TMA kernel's heads ``h0 .. h0 + HEADS - 1`` of one row in a software pipeline (``HSTAGES`` stages:
+    head i + 1's tile copy and gathers go out while head i computes). ``FLUSH``: 1 the row's checkpoint is
+    rewritten (its history folded in), 0 only outputs and ring appends, 2 the runtime ``flush`` decides."""
+    if FLUSH == 2:
+        fold = flush
+    else:
+        fold = FLUSH == 1
+    if FLUSH == 1:
+        if FOLD_N >= BLOCK_N:  # the whole-tile fold reads B over the history from registers, loaded once
+            Bh = tl.where(is_hist[:, None], B_raw.to(tl.float32), 0.0)
+    for i in tl.range(0, HEADS, num_stages=HSTAGES):
+        h = h0 + i
+        xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
+        x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
+        X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_P)
+        dtr_h = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
+        dth = tl.load(dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
+        dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
+        A = tl.load(A_ptr + h).to(tl.float32)
+        if HAS_DTB:
+            dtn += tl.load(dtb_ptr + h).to(tl.float32)
+        if HAS_Z:
+            zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=ms[None, :], other=0.0)
+        # the checkpoint tile: one TMA copy into shared memory
+        S0 = ck_desc.load([ck_row0 + i * P, 0])
+        # Λ over the sequence, the causal factors F[k, s] = (B_k·C_s) dt_k e^{A (Λ_{c+s} - Λ_k)}
+        if DT_SOFTPLUS:
+            dtn = _softplus(dtn)
+        dtn = tl.where(is_new, dtn, 0.0)
+        dtp = tl.where(is_hist, dth, dtn)
+        lam = tl.cumsum(dtp, axis=0)
+        lam_w = tl.sum(tl.where(diag, lam[:, None], 0.0), axis=0)
+        F = tl.where(causal, Gm * dtp[:, None] * _decay(A, lam_w[None, :] - lam[:, None]), 0.0)
+        if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
+            F += tl.where(diag, tl.load(D_ptr + h).to(tl.float32), 0.0)
+        # y_s = e^{A Λ_w} S0 C_s + Σ_k F[k, s] x_k: the readout from shared memory, then the sequence,
+        # both tf32 products into one accumulator (the decays ride on C's rows)
+        if READ16:  # 16-bit checkpoint in C's dtype: exact products, decays on the accumulator
+            Y = tl.dot(S0, CwT) * _decay(A, lam_w)[None, :]
+        else:  # the decays on the accumulator too: C's operand is the same for every head of the loop
+            Y = tl.dot(S0.to(tl.float32), CwT, input_precision=DOT_PREC) * _decay(A, lam_w)[None, :]
+        XT = tl.trans(X_raw.to(tl.float32))
+        Y = tl.dot(XT, F, Y, input_precision=DOT_PREC)
+        if HAS_Z:
+            z = zz.to(tl.float32)
+            Y *= z * tl.sigmoid(z)
+        tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None], Y.to(out_ptr.dtype.element_ty),
+                 mask=ms[None, :])
+        # append the window's rows to the ring (disjoint from the history: c + q <= R)
+        tl.store(xr_h + ring[:, None] * s_xr_r + offs_p[None, :], X_raw, mask=is_new[:, None])
+        if pt == 0:
+            tl.store(dtr_h + ring * s_dtr_r, dtn, mask=is_new)
+        if fold:
+            # flush row: S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0
+            XTw, hi, lo_, carry = _fold_weights(XT, dth, A, FOLD_SPLIT)
+            ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * BLOCK_N
+            mp = offs_p < P
+            b_hist = Br_base + ring * s_Br_r
+            if FOLD_N >= BLOCK_N:  # the whole tile from shared memory, B_h from the hoisted sequence rows
+                if FLUSH == 1:
+                    Bf = Bh
+                else:
+                    Bf = tl.where(is_hist[:, None], B_raw.to(tl.float32), 0.0)
+                S1 = S0.to(tl.float32) * carry
+                if FOLD_SPLIT:  # B_h exact in tf32 (16-bit ring): split only the x side, two tf32 dots
+                    S1 = tl.dot(hi, Bf, acc=S1, input_precision="tf32")
+                    S1 = tl.dot(lo_, Bf, acc=S1, input_precision="tf32")
+                else:
+                    S1 = tl.dot(XTw, Bf, acc=S1, input_precision=FOLD_PREC)
+                oc, ck, mc = _chunk(ck_page, h, s_ck_h, 0, mp, N, BLOCK_N, BLOCK_P, BLOCK_N, IDX64)
+                tl.store(ck, S1.to(ck_ptr.dtype.element_ty))
+            for n0 in tl.static_range(0, BLOCK_N if FOLD_N < BLOCK_N else 0, FOLD_N):  # N chunk by N chunk
+                # (chunks re-read, L2 hits, so no full-tile accumulator is live)
+                oc, ck, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N, BLOCK_N, BLOCK_P, FOLD_N, IDX64)
+                _fold_chunk(_load_chunk(ck, mc, True) * carry, ck, mc, oc, b_hist, is_hist, N, XTw, hi, lo_,
+                            ck_ptr, True, FOLD_SPLIT, FOLD_PREC)
+
+
+@triton.jit
 def _verify_tma_kernel(
     ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
@@ -507,7 +579,6 @@ def _verify_tma_kernel(
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
-    PF_AHEAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     row = tl.program_id(1)
@@ -515,17 +586,6 @@ def _verify_tma_kernel(
     page32 = tl.load(page_ptr + row)
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
-    if PF_AHEAD:
-        # L2 prefetches for the program PF_AHEAD launch slots later (programs start in launch order, so about
-        # a wave ahead its tile and rings stream into L2 while this program runs; hints only, never required)
-        nx = tl.num_programs(0)
-        ahead = row * nx + pid + PF_AHEAD
-        a_row = ahead // nx
-        a_pid = ahead % nx
-        a_page = tl.load(page_ptr + a_row, mask=a_row < tl.num_programs(1), other=0)
-        if a_page != 0:
-            _prefetch_ahead(ck_ptr, xr_ptr, Br_ptr, a_page, (a_pid // NPT) * HEADS, a_pid % NPT, H, P, HPG,
-                            s_xr_pg, s_xr_h, s_Br_pg, s_Br_g, BLOCK_P, BLOCK_N, PF_CK, PF_X, PF_B)
     if (page32 != 0) & (q > 0):
         h0_32 = (pid // NPT) * HEADS  # the program's first head; its HEADS heads share one group
         ck_row0 = (page32 * H + h0_32) * P + pt * BLOCK_P  # the first head's tile row in the (pages * H * P, N) view
@@ -534,9 +594,12 @@ def _verify_tma_kernel(
         g = h0 // HPG
         # L2 prefetches (bytes; 0 = off): the first head's tile and x ring, the group's B ring stream into L2
         # while the cursors and gathers make their dependent round trips
-        if not PF_AHEAD:
-            _prefetch_ahead(ck_ptr, xr_ptr, Br_ptr, page32, h0_32, pt, H, P, HPG,
-                            s_xr_pg, s_xr_h, s_Br_pg, s_Br_g, BLOCK_P, BLOCK_N, PF_CK, PF_X, PF_B)
+        if PF_CK:
+            _prefetch_l2(ck_ptr + ck_row0.to(tl.int64) * BLOCK_N, PF_CK)
+        if PF_X:
+            _prefetch_l2(xr_ptr + page * s_xr_pg + h0 * s_xr_h, PF_X)
+        if PF_B:
+            _prefetch_l2(Br_ptr + page * s_Br_pg + g * s_Br_g, PF_B)
         offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_n = tl.arange(0, BLOCK_N)
         ss = tl.arange(0, BLOCK_S)
@@ -571,62 +634,26 @@ def _verify_tma_kernel(
         pos = c + ss
         causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
         diag = (kk[:, None] == pos[None, :]) & ms[None, :]
+        CwT = tl.trans(Cw) if READ16 else tl.trans(Cw.to(tl.float32))  # the readout's operand, for every head
         flush = c + q > window
-        CwT = tl.trans(Cw) if READ16 else tl.trans(Cw.to(tl.float32))
-        # the heads in a software pipeline: head i + 1's tile copy (and gathers) go out while head i computes
-        for i in tl.range(0, HEADS, num_stages=HSTAGES):
-            h = h0 + i
-            xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
-            x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
-            X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_P)
-            dtr_h = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
-            dth = tl.load(dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
-            dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
-            A = tl.load(A_ptr + h).to(tl.float32)
-            if HAS_DTB:
-                dtn += tl.load(dtb_ptr + h).to(tl.float32)
-            if HAS_Z:
-                zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=ms[None, :], other=0.0)
-            # the checkpoint tile: one TMA copy into shared memory
-            S0 = ck_desc.load([ck_row0 + i * P, 0])
-            # Λ over the sequence, the causal factors F[k, s] = (B_k·C_s) dt_k e^{A (Λ_{c+s} - Λ_k)}
-            if DT_SOFTPLUS:
-                dtn = _softplus(dtn)
-            dtn = tl.where(is_new, dtn, 0.0)
-            dtp = tl.where(is_hist, dth, dtn)
-            lam = tl.cumsum(dtp, axis=0)
-            lam_w = tl.sum(tl.where(diag, lam[:, None], 0.0), axis=0)
-            F = tl.where(causal, Gm * dtp[:, None] * _decay(A, lam_w[None, :] - lam[:, None]), 0.0)
-            if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
-                F += tl.where(diag, tl.load(D_ptr + h).to(tl.float32), 0.0)
-            # y_s = e^{A Λ_w} S0 C_s + Σ_k F[k, s] x_k: the readout from shared memory, then the sequence,
-            # both tf32 products into one accumulator (the decays ride on C's rows)
-            if READ16:  # 16-bit checkpoint in C's dtype: exact products, decays on the accumulator
-                Y = tl.dot(S0, CwT) * _decay(A, lam_w)[None, :]
-            else:  # the decays on the accumulator too: C's operand is the same for every head of the loop
-                Y = tl.dot(S0.to(tl.float32), CwT, input_precision=DOT_PREC) * _decay(A, lam_w)[None, :]
-            XT = tl.trans(X_raw.to(tl.float32))
-            Y = tl.dot(XT, F, Y, input_precision=DOT_PREC)
-            if HAS_Z:
-                z = zz.to(tl.float32)
-                Y *= z * tl.sigmoid(z)
-            tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None], Y.to(out_ptr.dtype.element_ty),
-                     mask=ms[None, :])
-            # append the window's rows to the ring (disjoint from the history: c + q <= R)
-            tl.store(xr_h + ring[:, None] * s_xr_r + offs_p[None, :], X_raw, mask=is_new[:, None])
-            if pt == 0:
-                tl.store(dtr_h + ring * s_dtr_r, dtn, mask=is_new)
-            if flush:
-                # flush row: S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0 N chunk
-                # by N chunk (chunks re-read, L2 hits, so no full-tile accumulator is live)
-                XTw, hi, lo_, carry = _fold_weights(XT, dth, A, FOLD_SPLIT)
-                ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * BLOCK_N
-                mp = offs_p < P
-                b_hist = Br_base + ring * s_Br_r
-                for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
-                    oc, ck, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N, BLOCK_N, BLOCK_P, FOLD_N, IDX64)
-                    _fold_chunk(_load_chunk(ck, mc, True) * carry, ck, mc, oc, b_hist, is_hist, N, XTw, hi, lo_,
-                                ck_ptr, True, FOLD_SPLIT, FOLD_PREC)
+        if HEADS == 1:  # one loop, the flush decided inside (one head: nothing to keep across iterations)
+            _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0, ck_row0, pt, N,
+                     s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t,
+                     s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist, is_new, is_seq, ms,
+                     causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB,
+                     HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, 2)
+        elif flush:  # several heads: flush rows and the others run separate loops, each with only its own values
+            _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0, ck_row0, pt, N,
+                     s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t,
+                     s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist, is_new, is_seq, ms,
+                     causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB,
+                     HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, 1)
+        else:
+            _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0, ck_row0, pt, N,
+                     s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t,
+                     s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist, is_new, is_seq, ms,
+                     causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB,
+                     HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, 0)
 
 
 # -- materialize --------------------------------------------------------------------------
@@ -764,6 +791,15 @@ def tma_block_p(P: int, N: int, device: torch.device) -> int:
     return 0
 
 
+def tma_heads(H: int, G: int, cap: int = 16) -> int:
+    """Heads per program of the TMA kernel's pipelined loop: the largest power of two <= ``cap`` dividing H / G."""
+    hpg = H // max(G, 1)
+    heads = 1
+    while heads * 2 <= cap and hpg % (heads * 2) == 0:
+        heads *= 2
+    return heads
+
+
 def tma_supported(checkpoint: Tensor, block_p: int) -> bool:
     """The TMA kernel can read ``checkpoint`` (pages, H, P, N) as (pages * H * P, N) tiles of ``block_p`` rows."""
     pages, H, P, N = checkpoint.shape
@@ -794,8 +830,14 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     if kernel == "tma":
         cfg = {"KERNEL": "tma", "BLOCK_P": block_tma or 64, "num_warps": 4, "num_stages": 1, "FOLD_N": 32}
         if _compiled(device) and _pow2(R) <= 32:
-            if rows * H * (P // cfg["BLOCK_P"]) <= _num_sms(device):
+            programs = rows * H * (P // cfg["BLOCK_P"])
+            heads = tma_heads(H, G)
+            if programs <= _num_sms(device):
                 cfg["L2PF"] = 2  # under one program per SM: latency-bound, the prefetches overlap the round trips
+            elif heads > 1 and programs // heads >= _num_sms(device):
+                # a group's heads in a 2-stage pipeline, uncapped (2 programs per SM), flush rows folded from
+                # the shared-memory tile in one product
+                cfg.update(HEADS=heads, HSTAGES=2, FOLD_N=_pow2(N))
             else:
                 cfg["maxnreg"] = 96  # 5 programs per SM (43 KB of shared memory each)
         return cfg
@@ -829,13 +871,13 @@ def _outer(**named: Tensor) -> tuple[int, ...]:
     """Strides but the last; the kernels read and write the last dimension contiguously."""
     (name, t), = named.items()
     if t.stride(-1) != 1 and t.shape[-1] > 1:
-        raise ValueError(f"{name} must be contiguous in its last dimension (stride {t.stride(-1)})")
+        raise ShapeError(f"{name} must be contiguous in its last dimension (stride {t.stride(-1)})")
     return t.stride()[:-1]
 
 
 def _check_T(T: int) -> None:
     if T > 16:
-        raise ValueError(f"the Triton verify kernel handles windows of at most 16 tokens, got T={T}")
+        raise ShapeError(f"the Triton verify kernel handles windows of at most 16 tokens, got T={T}")
 
 
 # -- wrappers -----------------------------------------------------------------------------
@@ -902,34 +944,34 @@ def replay_verify(
     T = max_seqlen if max_seqlen is not None else R - window
     _check_T(T)
     if x.dtype != x_ring.dtype or B.dtype != B_ring.dtype:
-        raise ValueError(f"x/B ({x.dtype}/{B.dtype}) must have the ring dtypes ({x_ring.dtype}/{B_ring.dtype})")
+        raise ShapeError(f"x/B ({x.dtype}/{B.dtype}) must have the ring dtypes ({x_ring.dtype}/{B_ring.dtype})")
     rows = page_ids.shape[0]
     dev = x.device
     config = dict(config or {})
     unknown = set(config) - _CONFIG_KEYS
     if unknown:
-        raise ValueError(f"unknown config keys {sorted(unknown)}; known: {sorted(_CONFIG_KEYS)}")
+        raise ConfigError(f"unknown config keys {sorted(unknown)}; known: {sorted(_CONFIG_KEYS)}")
     kernel = config.get("KERNEL")
     if kernel not in (None, "tma", "ldg"):
-        raise ValueError(f"config KERNEL must be 'tma' or 'ldg', got {kernel!r}")
+        raise ConfigError(f"config KERNEL must be 'tma' or 'ldg', got {kernel!r}")
     ldg_keys = sorted(set(config) & _LDG_KEYS)
     if kernel == "tma" and ldg_keys:
-        raise ValueError(f"config keys {ldg_keys} apply to the LDG kernel only (KERNEL='ldg')")
+        raise ConfigError(f"config keys {ldg_keys} apply to the LDG kernel only (KERNEL='ldg')")
     if kernel is None and (ldg_keys or not tma_supported(checkpoint, tma_block_p(P, N, dev))):
         kernel = "ldg"
     tma_keys = sorted(set(config) & _TMA_KEYS)
     if kernel == "ldg" and tma_keys:
-        raise ValueError(f"config keys {tma_keys} apply to the TMA kernel only (KERNEL='tma')")
+        raise ConfigError(f"config keys {tma_keys} apply to the TMA kernel only (KERNEL='tma')")
     cfg = verify_config(rows, H, P, N, R, T, dev, G, kernel=kernel)
     cfg.update(config)
     HPG = H // G
     HPP = int(cfg.get("HPP", HPG))
     if HPP < 1 or HPG % HPP:
-        raise ValueError(f"config HPP must divide the {HPG} heads per group, got {HPP}")
+        raise ConfigError(f"config HPP must divide the {HPG} heads per group, got {HPP}")
     BLOCK_N = _pow2(N)
     NC = min(BLOCK_N, int(cfg.get("NC", 0)))
     if NC < 0 or NC & (NC - 1):
-        raise ValueError(f"config NC must be 0 or a power of two, got {cfg['NC']}")
+        raise ConfigError(f"config NC must be 0 or a power of two, got {cfg['NC']}")
     dot_prec, fold_prec = _dot_prec(dev)
     dummy = dt_ring
     fold_split = _compiled(dev) and B_ring.dtype in (torch.bfloat16, torch.float16)
@@ -946,23 +988,32 @@ def replay_verify(
     if cfg["KERNEL"] == "tma":
         BLOCK_P = cfg["BLOCK_P"]
         if not tma_supported(checkpoint, BLOCK_P):
-            raise ValueError(f"the TMA verify kernel needs a contiguous checkpoint, P divisible by BLOCK_P={BLOCK_P} "
+            raise ConfigError(f"the TMA verify kernel needs a contiguous checkpoint, P divisible by BLOCK_P={BLOCK_P} "
                              f"and N a power of two in [16, 256]; got {tuple(checkpoint.shape)} "
                              f"(use KERNEL='ldg')")
-        HEADS = int(cfg.get("HEADS", 1))
-        _verify_tma_kernel[(H // HEADS * (P // BLOCK_P), rows)](
-            TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N]),
-            checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, *step, window, R, H, N, *strides,
-            P=P, NPT=P // BLOCK_P, HPG=H // G, HEADS=HEADS, HSTAGES=int(cfg.get("HSTAGES", 1)), BLOCK_P=BLOCK_P, BLOCK_N=N, BLOCK_K=_pow2(R), BLOCK_S=_pow2(T),
-            FOLD_N=min(N, int(cfg.get("FOLD_N", 32 if _compiled(dev) else N))),
-            GRAM16=_compiled(dev) and B.dtype == C.dtype and B.element_size() == 2,
-            READ16=_compiled(dev) and checkpoint.dtype == C.dtype and checkpoint.element_size() == 2,
-            **_l2_prefetch(int(cfg.get("L2PF", 0)), checkpoint, x_ring, B_ring, BLOCK_P, dev),
-            PF_AHEAD=int(cfg.get("L2AHEAD", 0)) if _compiled(dev) else 0, **flags,
-        )
+        HEADS, HSTAGES = int(cfg.get("HEADS", 1)), int(cfg.get("HSTAGES", 1))
+        if HEADS < 1 or (H // G) % HEADS:
+            raise ConfigError(f"config HEADS must divide the {H // G} heads per group, got {HEADS}")
+        if HSTAGES < 1:
+            raise ConfigError(f"config HSTAGES must be >= 1, got {HSTAGES}")
+        try:  # a launch whose pipeline stages overflow shared memory fails before it runs: nothing is written
+            _verify_tma_kernel[(H // HEADS * (P // BLOCK_P), rows)](
+                TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N]),
+                checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, *step, window, R, H, N, *strides,
+                P=P, NPT=P // BLOCK_P, HPG=H // G, HEADS=HEADS, HSTAGES=HSTAGES, BLOCK_P=BLOCK_P,
+                BLOCK_N=N, BLOCK_K=_pow2(R), BLOCK_S=_pow2(T),
+                FOLD_N=min(N, int(cfg.get("FOLD_N", 32 if _compiled(dev) else N))),
+                GRAM16=_compiled(dev) and B.dtype == C.dtype and B.element_size() == 2,
+                READ16=_compiled(dev) and checkpoint.dtype == C.dtype and checkpoint.element_size() == 2,
+                **_l2_prefetch(int(cfg.get("L2PF", 0)), checkpoint, x_ring, B_ring, BLOCK_P, dev),
+                **flags,
+            )
+        except OutOfResources as exc:
+            raise ConfigError(f"config {config} does not fit this GPU ({exc}); use fewer HSTAGES or the default "
+                              f"launch") from exc
         return out
     if _compiled(dev) and cfg.get("maxnreg") and NC == 0 and _pow2(R) > 32:
-        raise ValueError("config maxnreg with the whole-tile LDG kernel and a ring of more than 32 rows faulted on the "
+        raise ConfigError("config maxnreg with the whole-tile LDG kernel and a ring of more than 32 rows faulted on the "
                          "H200 (misaligned address, docs/performance.md); drop maxnreg or stream the tile (NC > 0)")
     BLOCK_P = cfg["BLOCK_P"]
     NPT = triton.cdiv(P, BLOCK_P)
@@ -989,7 +1040,7 @@ def _l2_prefetch(level: int, checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor,
     none (inline PTX).
     """
     if level not in (0, 1, 2):
-        raise ValueError(f"config L2PF must be 0, 1 or 2, got {level}")
+        raise ConfigError(f"config L2PF must be 0, 1 or 2, got {level}")
     if level == 0 or not _compiled(device):
         return {"PF_CK": 0, "PF_X": 0, "PF_B": 0}
 
@@ -1005,7 +1056,7 @@ def _l2_prefetch(level: int, checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor,
 
 #: config keys :func:`replay_verify` accepts, and those that only the LDG / the TMA kernel reads
 _LDG_KEYS = frozenset({"HPP", "NC", "NS", "FUSE", "PREFETCH"})
-_TMA_KEYS = frozenset({"L2PF", "L2AHEAD", "HEADS", "HSTAGES"})
+_TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES"})
 _CONFIG_KEYS = _LDG_KEYS | _TMA_KEYS | {"KERNEL", "BLOCK_P", "FOLD_N", "num_warps", "num_stages", "maxnreg"}
 
 

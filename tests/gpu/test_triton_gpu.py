@@ -41,8 +41,9 @@ def test_verify_nemotron(T, W, route, rows, n_pad):
                                  dict(KERNEL="tma", L2PF=2, BLOCK_P=32), dict(KERNEL="tma", HEADS=4, HSTAGES=2),
                                  dict(KERNEL="tma", HEADS=16, HSTAGES=3, maxnreg=0),
                                  dict(KERNEL="tma", HEADS=8, HSTAGES=2, num_warps=8, L2PF=2),
-                                 dict(KERNEL="tma", L2PF=2, L2AHEAD=3), dict(KERNEL="tma", L2PF=1, L2AHEAD=660),
-                                 dict(KERNEL="tma", HEADS=16, HSTAGES=5, maxnreg=0, num_warps=8),
+                                 dict(KERNEL="tma", HEADS=16, HSTAGES=2, maxnreg=0, FOLD_N=128),
+                                 dict(KERNEL="tma", FOLD_N=128), dict(KERNEL="tma", HEADS=4, HSTAGES=2, FOLD_N=128),
+                                 dict(KERNEL="tma", HEADS=16, HSTAGES=2, maxnreg=0, num_warps=8),
                                  dict(KERNEL="tma", FOLD_N=64), dict(KERNEL="tma", BLOCK_P=32), dict(KERNEL="ldg", BLOCK_P=16),
                                  dict(KERNEL="ldg", BLOCK_P=32, num_warps=8), dict(KERNEL="ldg", num_stages=2),
                                  dict(KERNEL="ldg", BLOCK_P=64, FOLD_N=64), dict(HPP=16, PREFETCH=2),
@@ -54,6 +55,22 @@ def test_verify_configs(cfg):
     got = run_verify(trk.replay_verify, case, config=cfg)
     want = run_verify(ref.replay_verify, case)
     compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
+
+
+def test_verify_config_over_shared_memory_is_a_config_error():
+    """A launch whose pipeline stages overflow shared memory: ConfigError before anything is written."""
+    from ssmstate.errors import ConfigError
+    gen = torch.Generator().manual_seed(5)
+    case = make_case(gen, DEV, pages=6, W=16, T=4, rows=4, n_pad=0, act_dtype=torch.bfloat16, **NEMO)
+    st = case["state"]
+    before = {k: v.clone() for k, v in st.items()}
+    out = torch.zeros_like(case["x"])
+    with pytest.raises(ConfigError, match="does not fit"):
+        trk.replay_verify(st["checkpoint"], st["x_ring"], st["B_ring"], st["dt_ring"], case["ring_start"],
+                          case["num_committed"], case["x"], case["dt"], case["A"], case["B"], case["C"],
+                          case["page_ids"], case["cu_seqlens"], case["W"], out, D=case["D"], dt_bias=case["dt_bias"],
+                          z=case["z"], config=dict(KERNEL="tma", HEADS=16, HSTAGES=5, maxnreg=0))
+    assert all(torch.equal(before[k], st[k]) for k in before) and not out.any()
 
 
 def _sweep_configs() -> list[dict]:
