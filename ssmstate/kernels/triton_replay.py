@@ -636,24 +636,29 @@ def _verify_tma_kernel(
         diag = (kk[:, None] == pos[None, :]) & ms[None, :]
         CwT = tl.trans(Cw) if READ16 else tl.trans(Cw.to(tl.float32))  # the readout's operand, for every head
         flush = c + q > window
+        # three calls, one per constexpr mode: a static loop over the modes compiled to a different build (200 more
+        # instructions, 255 registers), not the one measured
         if HEADS == 1:  # one loop, the flush decided inside (one head: nothing to keep across iterations)
-            _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0, ck_row0, pt, N,
-                     s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t,
-                     s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist, is_new, is_seq, ms,
-                     causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB,
-                     HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, 2)
+            _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
+                       ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
+                       s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
+                       is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
+                       BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
+                       IDX64, 2)
         elif flush:  # several heads: flush rows and the others run separate loops, each with only its own values
-            _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0, ck_row0, pt, N,
-                     s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t,
-                     s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist, is_new, is_seq, ms,
-                     causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB,
-                     HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, 1)
+            _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
+                       ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
+                       s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
+                       is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
+                       BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
+                       IDX64, 1)
         else:
-            _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0, ck_row0, pt, N,
-                     s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t,
-                     s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist, is_new, is_seq, ms,
-                     causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB,
-                     HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, 0)
+            _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
+                       ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
+                       s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
+                       is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
+                       BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
+                       IDX64, 0)
 
 
 # -- materialize --------------------------------------------------------------------------
@@ -816,7 +821,10 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     measured slower than the LDG kernel's), one head and 64 head-dim rows per program, registers
     capped at 96 (5 programs per SM); a grid of at most one program per SM (batch 1) instead runs
     uncapped with L2 prefetches (``L2PF`` 2: measured 4-11 % faster there, slower at batch 8, within
-    noise at 64-256 non-flush, 2-5 % faster on flush rows). For the LDG kernel, measured on
+    noise at 64-256 non-flush, 2-5 % faster on flush rows); a grid long enough for 15 programs per SM
+    when each takes a group's 16 heads (batch 256 at H=128) runs them in a 2-stage pipeline, uncapped,
+    flush rows folded from the shared-memory tile (measured 10 % faster non-flush, 4-5 % mixed there;
+    slower mixed on shorter grids, where the flush rows' longer programs leave a tail). For the LDG kernel, measured on
     the H200 (``docs/performance.md``): one head per program (``HPP`` 1) with the
     registers capped at 80 (``maxnreg``: 6 programs per SM instead of 4-5) beat every multi-head
     program; once the grid has >= 16 programs per SM, streaming the checkpoint through a
@@ -834,9 +842,11 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
             heads = tma_heads(H, G)
             if programs <= _num_sms(device):
                 cfg["L2PF"] = 2  # under one program per SM: latency-bound, the prefetches overlap the round trips
-            elif heads > 1 and programs // heads >= _num_sms(device):
+            elif heads > 1 and programs // heads >= 15 * _num_sms(device):
                 # a group's heads in a 2-stage pipeline, uncapped (2 programs per SM), flush rows folded from
-                # the shared-memory tile in one product
+                # the shared-memory tile in one product. Only for long grids: a flush row's program runs about
+                # twice as long, and with fewer programs per SM that tail cost mixed batches more than the
+                # pipeline gains (measured: 4 % faster mixed at batch 256, 10-24 % slower at 32-128)
                 cfg.update(HEADS=heads, HSTAGES=2, FOLD_N=_pow2(N))
             else:
                 cfg["maxnreg"] = 96  # 5 programs per SM (43 KB of shared memory each)
@@ -932,7 +942,9 @@ def replay_verify(
             ``FUSE`` (flush rows fold while streaming, NC > 0), ``FOLD_N`` (N chunk of the fold otherwise),
             ``PREFETCH`` (HPP > 1: 0, 1 = next head's tile, 2 = all its loads ahead), ``L2PF`` (TMA kernel only:
             0, 1 = prefetch the checkpoint tile into L2 once the page id is known, 2 = also the x and B rings;
-            GPU only, a no-op in the interpreter), ``num_warps``,
+            GPU only, a no-op in the interpreter), ``HEADS`` (TMA kernel only: heads of one group per program,
+            divides H / G) in a software pipeline of ``HSTAGES`` tile buffers (a launch whose buffers overflow
+            shared memory raises ConfigError), ``num_warps``,
             ``num_stages``, ``maxnreg`` (register cap, GPU only). Results agree to fp32/tf32 rounding
             across configs.
     Returns:
@@ -1009,12 +1021,12 @@ def replay_verify(
                 **flags,
             )
         except OutOfResources as exc:
-            raise ConfigError(f"config {config} does not fit this GPU ({exc}); use fewer HSTAGES or the default "
-                              f"launch") from exc
+            raise ConfigError(f"config {config} does not fit this GPU ({exc}); use fewer HSTAGES or the "
+                              f"default launch") from exc
         return out
     if _compiled(dev) and cfg.get("maxnreg") and NC == 0 and _pow2(R) > 32:
-        raise ConfigError("config maxnreg with the whole-tile LDG kernel and a ring of more than 32 rows faulted on the "
-                         "H200 (misaligned address, docs/performance.md); drop maxnreg or stream the tile (NC > 0)")
+        raise ConfigError("config maxnreg with the whole-tile LDG kernel and a ring of more than 32 rows faulted on "
+                          "the H200 (misaligned address, docs/performance.md); drop maxnreg or stream the tile (NC > 0)")
     BLOCK_P = cfg["BLOCK_P"]
     NPT = triton.cdiv(P, BLOCK_P)
     _replay_verify_kernel[(H // HPP * NPT, rows)](
