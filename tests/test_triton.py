@@ -427,6 +427,20 @@ def test_tma_kernel_configs(cfg, route, state_dtype, act_dtype, T, W):
                    state_tol=TOL[torch.float32] if state_dtype == torch.float32 else TOL[state_dtype])
 
 
+@pytest.mark.parametrize("route", ["mixed", "flush"])
+def test_tma_pipelined_group_heads(route):
+    """The GPU heuristic's long-grid launch (a group's 16 heads per program, 2 stages, flush rows folded in one
+    product; FOLD_N 8: folded chunk by chunk) against the reference, padding rows included."""
+    gen = torch.Generator().manual_seed(len(route))
+    case = make_case(gen, "cpu", pages=6, H=32, G=2, P=16, N=32, W=16, T=4, rows=4, n_pad=1, route=route,
+                     act_dtype=torch.bfloat16)
+    want = run_verify(ref.replay_verify, case)
+    for cfg in ({"KERNEL": "tma", "HEADS": 16, "HSTAGES": 2, "FOLD_N": 32},
+                {"KERNEL": "tma", "HEADS": 16, "HSTAGES": 2, "FOLD_N": 8}):
+        compare_verify(case, run_verify(trk.replay_verify, case, config=cfg), want, out_tol=TOL[torch.bfloat16],
+                       state_tol=TOL[torch.float32])
+
+
 @pytest.mark.parametrize("kernel", ["tma", "ldg"])
 def test_verify_never_reads_stale_ring_rows(kernel):
     """Ring rows outside a row's history hold inf (x, B) and 1e30 (dt): no output or state may see them."""
