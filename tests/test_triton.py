@@ -33,6 +33,7 @@ from hypothesis import strategies as st  # noqa: E402
 from ssmstate import (  # noqa: E402
     BackendUnavailableError, Mamba2Geometry, PageLayout, SpecConfig, StateManager,
 )
+from ssmstate.errors import ConfigError  # noqa: E402
 from ssmstate.kernels import reference as ref  # noqa: E402
 from ssmstate.kernels import triton_conv as tcv  # noqa: E402
 from ssmstate.kernels import triton_replay as trk  # noqa: E402
@@ -111,8 +112,10 @@ def test_verify_rejects_bad_config():
     for bad, match in (({"READOUT": "dot"}, "unknown config keys"), ({"NC": 12}, "power of two"),
                        ({"HPP": 3}, "HPP must divide"), ({"HPP": 0}, "HPP must divide"),
                        ({"L2PF": 3}, "L2PF must be 0, 1 or 2"), ({"HEADS": 3}, "HEADS must divide"),
-                       ({"HEADS": 0}, "HEADS must divide"), ({"HSTAGES": 0}, "HSTAGES must be >= 1")):
-        with pytest.raises(ValueError, match=match):
+                       ({"HEADS": 0}, "HEADS must divide"), ({"HSTAGES": 0}, "HSTAGES must be >= 1"),
+                       ({"HEADS": 2.5}, "HEADS must be an int"), ({"FOLD_N": 0}, "FOLD_N must be a power of two"),
+                       ({"FOLD_N": 12}, "FOLD_N must be a power of two")):
+        with pytest.raises(ConfigError, match=match):
             trk.replay_verify(*(case["state"][k] for k in ("checkpoint", "x_ring", "B_ring", "dt_ring")),
                               case["ring_start"], case["num_committed"], case["x"], case["dt"], case["A"],
                               case["B"], case["C"], case["page_ids"], case["cu_seqlens"], case["W"],
@@ -403,7 +406,12 @@ def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
     large = trk.verify_config(256, 128, 64, 128, 20, 4, cuda, 8)
     assert large["KERNEL"] == "tma" and "maxnreg" not in large and "L2PF" not in large
     assert (large["HEADS"], large["HSTAGES"], large["FOLD_N"]) == (16, 2, 128)
-    assert "HEADS" not in trk.verify_config(256, 24, 64, 128, 20, 4, cuda, 8)  # 3 heads per group: one per program
+    # only the measured pipelined launch: 16 heads per program and 32 KB tiles (not 4 heads per group, 3 heads per
+    # group, a bf16 checkpoint or N = 256)
+    for args, kw in (((256, 128, 64, 128, 20, 4, cuda, 32), {}), ((256, 24, 64, 128, 20, 4, cuda, 8), {}),
+                     ((256, 128, 64, 128, 20, 4, cuda, 8), {"state_size": 2}),
+                     ((256, 128, 64, 256, 20, 4, cuda, 8), {})):
+        assert "HEADS" not in trk.verify_config(*args, **kw)
     assert [trk.tma_heads(H, G) for H, G in ((128, 8), (128, 1), (24, 8), (48, 2), (8, 8))] == [16, 16, 1, 8, 1]
     assert trk.verify_config(1, 128, 64, 128, 40, 8, cuda, 8)["KERNEL"] == "ldg"
 
@@ -427,16 +435,19 @@ def test_tma_kernel_configs(cfg, route, state_dtype, act_dtype, T, W):
                    state_tol=TOL[torch.float32] if state_dtype == torch.float32 else TOL[state_dtype])
 
 
-@pytest.mark.parametrize("route", ["mixed", "flush"])
-def test_tma_pipelined_group_heads(route):
+def test_tma_pipelined_group_heads():
     """The GPU heuristic's long-grid launch (a group's 16 heads per program, 2 stages, flush rows folded in one
-    product; FOLD_N 8: folded chunk by chunk) against the reference, padding rows included."""
-    gen = torch.Generator().manual_seed(len(route))
-    case = make_case(gen, "cpu", pages=6, H=32, G=2, P=16, N=32, W=16, T=4, rows=4, n_pad=1, route=route,
+    product; FOLD_N 8: folded chunk by chunk) against the reference: flush, non-flush and padding rows in one
+    launch, two programs per group, two P tiles per head."""
+    gen = torch.Generator().manual_seed(9)
+    case = make_case(gen, "cpu", pages=6, H=64, G=2, P=32, N=32, W=12, T=4, rows=4, n_pad=1, route="mixed",
                      act_dtype=torch.bfloat16)
+    flush = [int(case["num_committed"][p]) + int(case["cu_seqlens"][i + 1] - case["cu_seqlens"][i]) > case["W"]
+             for i, p in enumerate(case["page_ids"].tolist()) if p != 0]
+    assert any(flush) and not all(flush)  # the case holds both routes
     want = run_verify(ref.replay_verify, case)
-    for cfg in ({"KERNEL": "tma", "HEADS": 16, "HSTAGES": 2, "FOLD_N": 32},
-                {"KERNEL": "tma", "HEADS": 16, "HSTAGES": 2, "FOLD_N": 8}):
+    for cfg in ({"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 16, "HSTAGES": 2, "FOLD_N": 32},
+                {"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 16, "HSTAGES": 2, "FOLD_N": 8}):
         compare_verify(case, run_verify(trk.replay_verify, case, config=cfg), want, out_tol=TOL[torch.bfloat16],
                        state_tol=TOL[torch.float32])
 

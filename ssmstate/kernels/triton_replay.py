@@ -813,7 +813,7 @@ def tma_supported(checkpoint: Tensor, block_p: int) -> bool:
 
 
 def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: torch.device,
-                  G: int = 1, kernel: str | None = None) -> dict[str, Any]:
+                  G: int = 1, kernel: str | None = None, state_size: int = 4) -> dict[str, Any]:
     """Launch heuristic for :func:`replay_verify` (no autotuning: the interpreter cannot run it).
 
     ``kernel``: "tma" or "ldg", or None to choose: the TMA kernel wherever the geometry allows
@@ -823,9 +823,10 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     uncapped with L2 prefetches (``L2PF`` 2: measured 4-11 % faster there, slower at batch 8, within
     noise at 64-256 non-flush, 2-5 % faster on flush rows); a grid long enough for 15 programs per SM
     when each takes a group's 16 heads (batch 256 at H=128) runs them in a 2-stage pipeline, uncapped,
-    flush rows folded from the shared-memory tile (measured 10 % faster non-flush, 4-5 % mixed there;
-    slower mixed on shorter grids, where the flush rows' longer programs leave a tail). For the LDG kernel, measured on
-    the H200 (``docs/performance.md``): one head per program (``HPP`` 1) with the
+    flush rows folded from the shared-memory tile (measured 10 % faster non-flush, 1.5-4.5 % mixed there
+    at T=2-8; slower mixed on shorter grids, where the flush rows' longer programs leave a tail); only as
+    measured: 16 heads per program, 32 KB tiles (``state_size`` bytes per checkpoint element). For the
+    LDG kernel, measured on the H200 (``docs/performance.md``): one head per program (``HPP`` 1) with the
     registers capped at 80 (``maxnreg``: 6 programs per SM instead of 4-5) beat every multi-head
     program; once the grid has >= 16 programs per SM, streaming the checkpoint through a
     3-stage pipeline of 32-column chunks (``NC``/``NS``) beats loading the whole tile, which
@@ -839,15 +840,16 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
         cfg = {"KERNEL": "tma", "BLOCK_P": block_tma or 64, "num_warps": 4, "num_stages": 1, "FOLD_N": 32}
         if _compiled(device) and _pow2(R) <= 32:
             programs = rows * H * (P // cfg["BLOCK_P"])
-            heads = tma_heads(H, G)
+            # the pipelined launch only as measured: 16 heads per program, 32 KB tiles (fp32, 64 x 128)
+            pipelined = tma_heads(H, G) == 16 and cfg["BLOCK_P"] * N * state_size == 32768
             if programs <= _num_sms(device):
                 cfg["L2PF"] = 2  # under one program per SM: latency-bound, the prefetches overlap the round trips
-            elif heads > 1 and programs // heads >= 15 * _num_sms(device):
+            elif pipelined and programs // 16 >= 15 * _num_sms(device):
                 # a group's heads in a 2-stage pipeline, uncapped (2 programs per SM), flush rows folded from
                 # the shared-memory tile in one product. Only for long grids: a flush row's program runs about
                 # twice as long, and with fewer programs per SM that tail cost mixed batches more than the
-                # pipeline gains (measured: 4 % faster mixed at batch 256, 10-24 % slower at 32-128)
-                cfg.update(HEADS=heads, HSTAGES=2, FOLD_N=_pow2(N))
+                # pipeline gains (measured at T=4: 4.5 % faster mixed at batch 256, 10-23 % slower at 32-128)
+                cfg.update(HEADS=16, HSTAGES=2, FOLD_N=_pow2(N))
             else:
                 cfg["maxnreg"] = 96  # 5 programs per SM (43 KB of shared memory each)
         return cfg
@@ -974,8 +976,15 @@ def replay_verify(
     tma_keys = sorted(set(config) & _TMA_KEYS)
     if kernel == "ldg" and tma_keys:
         raise ConfigError(f"config keys {tma_keys} apply to the TMA kernel only (KERNEL='tma')")
-    cfg = verify_config(rows, H, P, N, R, T, dev, G, kernel=kernel)
+    cfg = verify_config(rows, H, P, N, R, T, dev, G, kernel=kernel, state_size=checkpoint.element_size())
     cfg.update(config)
+    for key in ("HPP", "NC", "NS", "HEADS", "HSTAGES", "FOLD_N", "BLOCK_P", "L2PF", "PREFETCH", "num_warps",
+                "num_stages", "maxnreg"):
+        if key in cfg and (isinstance(cfg[key], bool) or not isinstance(cfg[key], int)):
+            raise ConfigError(f"config {key} must be an int, got {cfg[key]!r}")
+    fold_n = cfg.get("FOLD_N")
+    if fold_n is not None and (fold_n < 1 or fold_n & (fold_n - 1) or (_compiled(dev) and fold_n < 16)):
+        raise ConfigError(f"config FOLD_N must be a power of two (>= 16 on the GPU), got {fold_n}")
     HPG = H // G
     HPP = int(cfg.get("HPP", HPG))
     if HPP < 1 or HPG % HPP:
@@ -1021,12 +1030,12 @@ def replay_verify(
                 **flags,
             )
         except OutOfResources as exc:
-            raise ConfigError(f"config {config} does not fit this GPU ({exc}); use fewer HSTAGES or the "
-                              f"default launch") from exc
+            raise ConfigError(f"launch {cfg} does not fit this GPU ({exc}); use fewer HSTAGES or HEADS") from exc
         return out
     if _compiled(dev) and cfg.get("maxnreg") and NC == 0 and _pow2(R) > 32:
         raise ConfigError("config maxnreg with the whole-tile LDG kernel and a ring of more than 32 rows faulted on "
-                          "the H200 (misaligned address, docs/performance.md); drop maxnreg or stream the tile (NC > 0)")
+                          "the H200 (misaligned address, docs/performance.md); drop maxnreg or stream the tile "
+                          "(NC > 0)")
     BLOCK_P = cfg["BLOCK_P"]
     NPT = triton.cdiv(P, BLOCK_P)
     _replay_verify_kernel[(H // HPP * NPT, rows)](
