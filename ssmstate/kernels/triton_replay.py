@@ -460,8 +460,8 @@ def _replay_verify_kernel(
 
 # -- verify, TMA route -----------------------------------------------------------------------
 #
-# One program per (row, head, BLOCK_P rows of the head dim). Every load of the program but the
-# checkpoint is a plain gather issued first (the cursors, then the history and window rows); then the
+# One program per (row, HEADS heads of one group, BLOCK_P rows of the head dim); several heads run in a
+# software pipeline (_tma_heads). Every load of a head but the checkpoint is a plain gather issued first (the cursors, then the history and window rows); then the
 # checkpoint tile arrives by one TMA copy into shared memory and the readout's tensor-core product reads
 # it there: on non-flush rows the tile never passes through registers, which is what kept the LDG
 # routes issue-bound. Triton waits for the copy where it is issued, and stages the Gram's B operand in
@@ -515,7 +515,7 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
         if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
             F += tl.where(diag, tl.load(D_ptr + h).to(tl.float32), 0.0)
         # y_s = e^{A Λ_w} S0 C_s + Σ_k F[k, s] x_k: the readout from shared memory, then the sequence,
-        # both tf32 products into one accumulator (the decays ride on C's rows)
+        # both products into one accumulator (the decays scale the readout's columns)
         if READ16:  # 16-bit checkpoint in C's dtype: exact products, decays on the accumulator
             Y = tl.dot(S0, CwT) * _decay(A, lam_w)[None, :]
         else:  # the decays on the accumulator too: C's operand is the same for every head of the loop
@@ -536,7 +536,6 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
             XTw, hi, lo_, carry = _fold_weights(XT, dth, A, FOLD_SPLIT)
             ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * BLOCK_N
             mp = offs_p < P
-            b_hist = Br_base + ring * s_Br_r
             if FOLD_N >= BLOCK_N:  # the whole tile from shared memory, B_h from the hoisted sequence rows
                 if FLUSH == 1:
                     Bf = Bh
@@ -550,11 +549,12 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                     S1 = tl.dot(XTw, Bf, acc=S1, input_precision=FOLD_PREC)
                 oc, ck, mc = _chunk(ck_page, h, s_ck_h, 0, mp, N, BLOCK_N, BLOCK_P, BLOCK_N, IDX64)
                 tl.store(ck, S1.to(ck_ptr.dtype.element_ty))
-            for n0 in tl.static_range(0, BLOCK_N if FOLD_N < BLOCK_N else 0, FOLD_N):  # N chunk by N chunk
-                # (chunks re-read, L2 hits, so no full-tile accumulator is live)
-                oc, ck, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N, BLOCK_N, BLOCK_P, FOLD_N, IDX64)
-                _fold_chunk(_load_chunk(ck, mc, True) * carry, ck, mc, oc, b_hist, is_hist, N, XTw, hi, lo_,
-                            ck_ptr, True, FOLD_SPLIT, FOLD_PREC)
+            else:  # N chunk by N chunk (chunks re-read, L2 hits, so no full-tile accumulator is live)
+                b_hist = Br_base + ring * s_Br_r
+                for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
+                    oc, ck, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N, BLOCK_N, BLOCK_P, FOLD_N, IDX64)
+                    _fold_chunk(_load_chunk(ck, mc, True) * carry, ck, mc, oc, b_hist, is_hist, N, XTw, hi, lo_,
+                                ck_ptr, True, FOLD_SPLIT, FOLD_PREC)
 
 
 @triton.jit
@@ -978,8 +978,7 @@ def replay_verify(
         raise ConfigError(f"config keys {tma_keys} apply to the TMA kernel only (KERNEL='tma')")
     cfg = verify_config(rows, H, P, N, R, T, dev, G, kernel=kernel, state_size=checkpoint.element_size())
     cfg.update(config)
-    for key in ("HPP", "NC", "NS", "HEADS", "HSTAGES", "FOLD_N", "BLOCK_P", "L2PF", "PREFETCH", "num_warps",
-                "num_stages", "maxnreg"):
+    for key in _CONFIG_KEYS - {"KERNEL", "FUSE"}:  # every other key is an int
         if key in cfg and (isinstance(cfg[key], bool) or not isinstance(cfg[key], int)):
             raise ConfigError(f"config {key} must be an int, got {cfg[key]!r}")
     fold_n = cfg.get("FOLD_N")
@@ -1012,9 +1011,9 @@ def replay_verify(
             raise ConfigError(f"the TMA verify kernel needs a contiguous checkpoint, P divisible by BLOCK_P={BLOCK_P} "
                              f"and N a power of two in [16, 256]; got {tuple(checkpoint.shape)} "
                              f"(use KERNEL='ldg')")
-        HEADS, HSTAGES = int(cfg.get("HEADS", 1)), int(cfg.get("HSTAGES", 1))
-        if HEADS < 1 or (H // G) % HEADS:
-            raise ConfigError(f"config HEADS must divide the {H // G} heads per group, got {HEADS}")
+        HEADS, HSTAGES = cfg.get("HEADS", 1), cfg.get("HSTAGES", 1)
+        if HEADS < 1 or HPG % HEADS:
+            raise ConfigError(f"config HEADS must divide the {HPG} heads per group, got {HEADS}")
         if HSTAGES < 1:
             raise ConfigError(f"config HSTAGES must be >= 1, got {HSTAGES}")
         try:  # a launch whose pipeline stages overflow shared memory fails before it runs: nothing is written
