@@ -114,7 +114,9 @@ def test_verify_rejects_bad_config():
                        ({"L2PF": 3}, "L2PF must be 0, 1 or 2"), ({"HEADS": 3}, "HEADS must divide"),
                        ({"HEADS": 0}, "HEADS must divide"), ({"HSTAGES": 0}, "HSTAGES must be >= 1"),
                        ({"HEADS": 2.5}, "HEADS must be an int"), ({"FOLD_N": 0}, "FOLD_N must be a power of two"),
-                       ({"FOLD_N": 12}, "FOLD_N must be a power of two")):
+                       ({"FOLD_N": 12}, "FOLD_N must be a power of two"),
+                       ({"HEADS": 2, "PFHEADS": -1}, "PFHEADS must be >= 0"), ({"PFHEADS": 1}, "needs HEADS > 1"),
+                       ({"KERNEL": "ldg", "PFHEADS": 1}, "TMA kernel only")):
         with pytest.raises(ConfigError, match=match):
             trk.replay_verify(*(case["state"][k] for k in ("checkpoint", "x_ring", "B_ring", "dt_ring")),
                               case["ring_start"], case["num_committed"], case["x"], case["dt"], case["A"],
@@ -446,7 +448,7 @@ def test_tma_pipelined_group_heads():
              for i, p in enumerate(case["page_ids"].tolist()) if p != 0]
     assert any(flush) and not all(flush)  # the case holds both routes
     want = run_verify(ref.replay_verify, case)
-    for cfg in ({"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 16, "HSTAGES": 2, "FOLD_N": 32},
+    for cfg in ({"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 16, "HSTAGES": 2, "FOLD_N": 32, "PFHEADS": 1},
                 {"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 16, "HSTAGES": 2, "FOLD_N": 8}):
         compare_verify(case, run_verify(trk.replay_verify, case, config=cfg), want, out_tol=TOL[torch.bfloat16],
                        state_tol=TOL[torch.float32])

@@ -478,10 +478,12 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                HSTAGES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr,
                HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
                READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
-               IDX64: tl.constexpr, FLUSH: tl.constexpr):
+               IDX64: tl.constexpr, FLUSH: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr):
     """The TMA kernel's heads ``h0 .. h0 + HEADS - 1`` of one row in a software pipeline (``HSTAGES`` stages:
     head i + 1's tile copy and gathers go out while head i computes). ``FLUSH``: 1 the row's checkpoint is
-    rewritten (its history folded in), 0 only outputs and ring appends, 2 the runtime ``flush`` decides."""
+    rewritten (its history folded in), 0 only outputs and ring appends, 2 the runtime ``flush`` decides.
+    ``PF_AHEAD`` > 0: each iteration also asks L2 for the tile (``PF_TILE`` bytes) ``PF_AHEAD`` heads ahead, so
+    more of the program's checkpoint is in flight than its shared-memory stages hold."""
     if FLUSH == 2:
         fold = flush
     else:
@@ -491,6 +493,9 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
             Bh = tl.where(is_hist[:, None], B_raw.to(tl.float32), 0.0)
     for i in tl.range(0, HEADS, num_stages=HSTAGES):
         h = h0 + i
+        if PF_AHEAD > 0:  # clamped, not masked: no branch in the pipelined body (a repeat hits L2)
+            ahead = tl.minimum(i + PF_AHEAD, HEADS - 1)
+            _prefetch_l2(ck_ptr + (ck_row0 + ahead * P).to(tl.int64) * BLOCK_N, PF_TILE)
         xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
         x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
         X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_P)
@@ -579,6 +584,7 @@ def _verify_tma_kernel(
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
+    PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     row = tl.program_id(1)
@@ -600,6 +606,8 @@ def _verify_tma_kernel(
             _prefetch_l2(xr_ptr + page * s_xr_pg + h0 * s_xr_h, PF_X)
         if PF_B:
             _prefetch_l2(Br_ptr + page * s_Br_pg + g * s_Br_g, PF_B)
+        if PF_DT:
+            _prefetch_l2(dtr_ptr + page * s_dtr_pg + h0 * s_dtr_h, PF_DT)
         offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_n = tl.arange(0, BLOCK_N)
         ss = tl.arange(0, BLOCK_S)
@@ -644,21 +652,21 @@ def _verify_tma_kernel(
                        s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 2)
+                       IDX64, 2, PF_AHEAD, PF_TILE)
         elif flush:  # several heads: flush rows and the others run separate loops, each with only its own values
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                        s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 1)
+                       IDX64, 1, PF_AHEAD, PF_TILE)
         else:
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                        s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 0)
+                       IDX64, 0, PF_AHEAD, PF_TILE)
 
 
 # -- materialize --------------------------------------------------------------------------
@@ -1016,6 +1024,9 @@ def replay_verify(
             raise ConfigError(f"config HEADS must divide the {HPG} heads per group, got {HEADS}")
         if HSTAGES < 1:
             raise ConfigError(f"config HSTAGES must be >= 1, got {HSTAGES}")
+        PFHEADS = cfg.get("PFHEADS", 0)
+        if PFHEADS < 0 or (PFHEADS and HEADS == 1):
+            raise ConfigError(f"config PFHEADS must be >= 0 and needs HEADS > 1, got {PFHEADS} with HEADS={HEADS}")
         try:  # a launch whose pipeline stages overflow shared memory fails before it runs: nothing is written
             _verify_tma_kernel[(H // HEADS * (P // BLOCK_P), rows)](
                 TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N]),
@@ -1025,7 +1036,8 @@ def replay_verify(
                 FOLD_N=min(N, int(cfg.get("FOLD_N", 32 if _compiled(dev) else N))),
                 GRAM16=_compiled(dev) and B.dtype == C.dtype and B.element_size() == 2,
                 READ16=_compiled(dev) and checkpoint.dtype == C.dtype and checkpoint.element_size() == 2,
-                **_l2_prefetch(int(cfg.get("L2PF", 0)), checkpoint, x_ring, B_ring, BLOCK_P, dev),
+                **_l2_prefetch(int(cfg.get("L2PF", 0)), checkpoint, x_ring, B_ring, dt_ring, BLOCK_P, HEADS, dev),
+                PF_AHEAD=PFHEADS if _compiled(dev) else 0, PF_TILE=BLOCK_P * N * checkpoint.element_size(),
                 **flags,
             )
         except OutOfResources as exc:
@@ -1050,33 +1062,39 @@ def replay_verify(
     return out
 
 
-def _l2_prefetch(level: int, checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, block_p: int,
-                 device: torch.device) -> dict[str, int]:
-    """The TMA kernel's L2 prefetch sizes in bytes (``PF_CK``, ``PF_X``, ``PF_B``; 0 = none).
+def _l2_prefetch(level: int, checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring: Tensor, block_p: int,
+                 heads: int, device: torch.device) -> dict[str, int]:
+    """The TMA kernel's L2 prefetch sizes in bytes (``PF_CK``, ``PF_X``, ``PF_B``, ``PF_DT``; 0 = none).
 
-    ``level`` (config ``L2PF``): 0 none, 1 the checkpoint tile, 2 also the head's x ring and the group's B
-    ring. A bulk prefetch needs 16-byte aligned addresses and sizes, so a ring whose per-page or per-head
-    offsets or whose span (first row to the end of the last) are not is left out; the interpreter runs
-    none (inline PTX).
+    ``level`` (config ``L2PF``): 0 none, 1 the first head's checkpoint tile, 2 also the rings: the x and dt
+    rings of the program's ``heads`` heads (one contiguous span: a program's heads are consecutive) and the
+    group's B ring. A bulk prefetch needs 16-byte aligned addresses and sizes, so a ring whose per-page or
+    per-program offsets or whose span (first row to the end of the last) are not is left out; the
+    interpreter runs none (inline PTX).
     """
     if level not in (0, 1, 2):
         raise ConfigError(f"config L2PF must be 0, 1 or 2, got {level}")
     if level == 0 or not _compiled(device):
-        return {"PF_CK": 0, "PF_X": 0, "PF_B": 0}
+        return {"PF_CK": 0, "PF_X": 0, "PF_B": 0, "PF_DT": 0}
 
-    def ring_bytes(ring: Tensor) -> int:  # (pages, H or G, R, P or N), the last dim contiguous
+    def ring_bytes(ring: Tensor, count: int) -> int:
+        """Bytes from ``count`` consecutive heads' (or one group's) first row to the end of the last."""
         e = ring.element_size()
-        span = ((ring.shape[2] - 1) * ring.stride(2) + ring.shape[3]) * e
-        ok = ring.data_ptr() % 16 == 0 and span % 16 == 0 and all(st * e % 16 == 0 for st in ring.stride()[:2])
+        inner = (ring.shape[2] - 1) * ring.stride(2) + (ring.shape[3] if ring.dim() == 4 else 1)
+        span = ((count - 1) * ring.stride(1) + inner) * e
+        # a program starts at a multiple of `count` heads: its offset is a multiple of count * stride(1)
+        ok = (ring.data_ptr() % 16 == 0 and span % 16 == 0 and ring.stride(0) * e % 16 == 0
+              and count * ring.stride(1) * e % 16 == 0)
         return span if ok else 0
 
-    rings = {"PF_X": ring_bytes(x_ring), "PF_B": ring_bytes(B_ring)} if level == 2 else {"PF_X": 0, "PF_B": 0}
+    rings = ({"PF_X": ring_bytes(x_ring, heads), "PF_B": ring_bytes(B_ring, 1), "PF_DT": ring_bytes(dt_ring, heads)}
+             if level == 2 else {"PF_X": 0, "PF_B": 0, "PF_DT": 0})
     return {"PF_CK": block_p * checkpoint.shape[3] * checkpoint.element_size(), **rings}
 
 
 #: config keys :func:`replay_verify` accepts, and those that only the LDG / the TMA kernel reads
 _LDG_KEYS = frozenset({"HPP", "NC", "NS", "FUSE", "PREFETCH"})
-_TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES"})
+_TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES", "PFHEADS"})
 _CONFIG_KEYS = _LDG_KEYS | _TMA_KEYS | {"KERNEL", "BLOCK_P", "FOLD_N", "num_warps", "num_stages", "maxnreg"}
 
 
