@@ -407,7 +407,7 @@ def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
         assert mid["KERNEL"] == "tma" and mid["maxnreg"] == 96 and "L2PF" not in mid and "HEADS" not in mid
     large = trk.verify_config(256, 128, 64, 128, 20, 4, cuda, 8)
     assert large["KERNEL"] == "tma" and "maxnreg" not in large and "L2PF" not in large
-    assert (large["HEADS"], large["HSTAGES"], large["FOLD_N"]) == (16, 2, 128)
+    assert (large["HEADS"], large["HSTAGES"], large["FOLD_N"], large["PFHEADS"]) == (16, 2, 128, 1)
     # only the measured pipelined launch: 16 heads per program and 32 KB tiles (not 4 heads per group, 3 heads per
     # group, a bf16 checkpoint or N = 256)
     for args, kw in (((256, 128, 64, 128, 20, 4, cuda, 32), {}), ((256, 24, 64, 128, 20, 4, cuda, 8), {}),

@@ -461,13 +461,37 @@ def _replay_verify_kernel(
 # -- verify, TMA route -----------------------------------------------------------------------
 #
 # One program per (row, HEADS heads of one group, BLOCK_P rows of the head dim); several heads run in a
-# software pipeline (_tma_heads). Every load of a head but the checkpoint is a plain gather issued first (the cursors, then the history and window rows); then the
-# checkpoint tile arrives by one TMA copy into shared memory and the readout's tensor-core product reads
-# it there: on non-flush rows the tile never passes through registers, which is what kept the LDG
-# routes issue-bound. Triton waits for the copy where it is issued, and stages the Gram's B operand in
-# shared memory right behind its load, so the copy goes out one gather round trip after the cursors
-# arrive (docs/performance.md §7). Optional L2 prefetches (PF_*) start the tile's and rings' DRAM reads
-# with the page id; measured useful only for grids under one program per SM (§8).
+# software pipeline (_tma_heads). Every load of a head but the checkpoint is a plain gather (the cursors
+# first, then the history and window rows); the checkpoint tile arrives by one TMA copy into shared memory
+# and the readout's tensor-core product reads it there: on non-flush rows the tile never passes through
+# registers, which is what kept the LDG routes issue-bound. Triton waits for a single copy where it is
+# issued (docs/performance.md §7); in the pipelined loop it issues the next head's copy at the end of an
+# iteration, so the next head's gathers go out into registers at the top of the iteration instead (§10),
+# and an L2 prefetch (PF_AHEAD) starts the next tile's DRAM read there too. Optional L2 prefetches at the
+# program's start (PF_*) stream the first tile and the rings while the cursors come back; measured useful
+# only for grids under one program per SM (§8).
+
+
+@triton.jit
+def _tma_gathers(h, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
+                 s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p, is_hist,
+                 is_new, is_seq, ms, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr):
+    """Head ``h``'s loads but its checkpoint tile: x over the sequence (K, BLOCK_P), the history's dt, the
+    window's raw dt (+ dt_bias), A, D and the gate z (BLOCK_S, BLOCK_P transposed); absent ones are A."""
+    xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
+    x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
+    X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)
+    dth = tl.load(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
+    dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
+    A = tl.load(A_ptr + h).to(tl.float32)
+    if HAS_DTB:
+        dtn += tl.load(dtb_ptr + h).to(tl.float32)
+    Dh = tl.load(D_ptr + h).to(tl.float32) if HAS_D else A
+    if HAS_Z:
+        zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=ms[None, :], other=0.0)
+    else:
+        zz = A
+    return X_raw, dth, dtn, A, Dh, zz
 
 
 @triton.jit
@@ -479,9 +503,10 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
                READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
                IDX64: tl.constexpr, FLUSH: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr):
-    """The TMA kernel's heads ``h0 .. h0 + HEADS - 1`` of one row in a software pipeline (``HSTAGES`` stages:
-    head i + 1's tile copy and gathers go out while head i computes). ``FLUSH``: 1 the row's checkpoint is
-    rewritten (its history folded in), 0 only outputs and ring appends, 2 the runtime ``flush`` decides.
+    """The TMA kernel's heads ``h0 .. h0 + HEADS - 1`` of one row in a software pipeline (``HSTAGES`` tile
+    buffers: head i + 1's tile copy and, into registers, its gathers go out while head i computes).
+    ``FLUSH``: 1 the row's checkpoint is rewritten (its history folded in), 0 only outputs and ring appends,
+    2 the runtime ``flush`` decides.
     ``PF_AHEAD`` > 0: each iteration also asks L2 for the tile (``PF_TILE`` bytes) ``PF_AHEAD`` heads ahead, so
     more of the program's checkpoint is in flight than its shared-memory stages hold."""
     if FLUSH == 2:
@@ -491,22 +516,25 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
     if FLUSH == 1:
         if FOLD_N >= BLOCK_N:  # the whole-tile fold reads B over the history from registers, loaded once
             Bh = tl.where(is_hist[:, None], B_raw.to(tl.float32), 0.0)
+    # the first head's gathers; in the loop, head i + 1's are issued before head i computes (Triton's pipeliner
+    # would issue them as cp.async at the end of the iteration and wait for them at the top of the next)
+    X_n, dth_n, dtn_n, A_n, D_n, zz_n = _tma_gathers(
+        h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r, s_dtr_pg,
+        s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p, is_hist, is_new, is_seq,
+        ms, HAS_D, HAS_DTB, HAS_Z)
     for i in tl.range(0, HEADS, num_stages=HSTAGES):
         h = h0 + i
         if PF_AHEAD > 0:  # clamped, not masked: no branch in the pipelined body (a repeat hits L2)
             ahead = tl.minimum(i + PF_AHEAD, HEADS - 1)
             _prefetch_l2(ck_ptr + (ck_row0 + ahead * P).to(tl.int64) * BLOCK_N, PF_TILE)
+        X_raw, dth, dtn, A, Dh, zz = X_n, dth_n, dtn_n, A_n, D_n, zz_n
+        if HEADS > 1:  # the next head's gathers go out now, into registers, and land while this head computes
+            X_n, dth_n, dtn_n, A_n, D_n, zz_n = _tma_gathers(
+                h0 + tl.minimum(i + 1, HEADS - 1), page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr,
+                z_ptr, s_xr_pg, s_xr_h, s_xr_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t,
+                s_z_h, ring, tok, tw, offs_p, is_hist, is_new, is_seq, ms, HAS_D, HAS_DTB, HAS_Z)
         xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
-        x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
-        X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_P)
         dtr_h = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
-        dth = tl.load(dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
-        dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
-        A = tl.load(A_ptr + h).to(tl.float32)
-        if HAS_DTB:
-            dtn += tl.load(dtb_ptr + h).to(tl.float32)
-        if HAS_Z:
-            zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=ms[None, :], other=0.0)
         # the checkpoint tile: one TMA copy into shared memory
         S0 = ck_desc.load([ck_row0 + i * P, 0])
         # Λ over the sequence, the causal factors F[k, s] = (B_k·C_s) dt_k e^{A (Λ_{c+s} - Λ_k)}
@@ -518,7 +546,7 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
         lam_w = tl.sum(tl.where(diag, lam[:, None], 0.0), axis=0)
         F = tl.where(causal, Gm * dtp[:, None] * _decay(A, lam_w[None, :] - lam[:, None]), 0.0)
         if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
-            F += tl.where(diag, tl.load(D_ptr + h).to(tl.float32), 0.0)
+            F += tl.where(diag, Dh, 0.0)
         # y_s = e^{A Λ_w} S0 C_s + Σ_k F[k, s] x_k: the readout from shared memory, then the sequence,
         # both products into one accumulator (the decays scale the readout's columns)
         if READ16:  # 16-bit checkpoint in C's dtype: exact products, decays on the accumulator
@@ -831,7 +859,8 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     uncapped with L2 prefetches (``L2PF`` 2: measured 4-11 % faster there, slower at batch 8, within
     noise at 64-256 non-flush, 2-5 % faster on flush rows); a grid long enough for 15 programs per SM
     when each takes a group's 16 heads (batch 256 at H=128) runs them in a 2-stage pipeline, uncapped,
-    flush rows folded from the shared-memory tile (measured 10 % faster non-flush, 1.5-4.5 % mixed there
+    the next head's tile prefetched into L2 (``PFHEADS`` 1: 6 % faster on flush rows), flush rows folded
+    from the shared-memory tile (measured 10 % faster non-flush, 1.5-4.5 % mixed there
     at T=2-8; slower mixed on shorter grids, where the flush rows' longer programs leave a tail); only as
     measured: 16 heads per program, 32 KB tiles (``state_size`` bytes per checkpoint element). For the
     LDG kernel, measured on the H200 (``docs/performance.md``): one head per program (``HPP`` 1) with the
@@ -856,8 +885,11 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                 # a group's heads in a 2-stage pipeline, uncapped (2 programs per SM), flush rows folded from
                 # the shared-memory tile in one product. Only for long grids: a flush row's program runs about
                 # twice as long, and with fewer programs per SM that tail cost mixed batches more than the
-                # pipeline gains (measured at T=4: 4.5 % faster mixed at batch 256, 10-23 % slower at 32-128)
-                cfg.update(HEADS=16, HSTAGES=2, FOLD_N=_pow2(N))
+                # pipeline gains (measured at T=4: 4.5 % faster mixed at batch 256, 10-23 % slower at 32-128).
+                # Each iteration also asks L2 for the next head's tile (PFHEADS=1), whose TMA copy the pipeliner
+                # issues only at the iteration's end: 6 % faster on flush rows, the same on the others; 2 or
+                # more heads ahead measured slower (session 8, runs 1 and 4-7)
+                cfg.update(HEADS=16, HSTAGES=2, FOLD_N=_pow2(N), PFHEADS=1)
             else:
                 cfg["maxnreg"] = 96  # 5 programs per SM (43 KB of shared memory each)
         return cfg
@@ -951,10 +983,12 @@ def replay_verify(
             of two >= 16 on the GPU: the tile streamed in NC-column chunks over ``NS`` pipeline stages),
             ``FUSE`` (flush rows fold while streaming, NC > 0), ``FOLD_N`` (N chunk of the fold otherwise),
             ``PREFETCH`` (HPP > 1: 0, 1 = next head's tile, 2 = all its loads ahead), ``L2PF`` (TMA kernel only:
-            0, 1 = prefetch the checkpoint tile into L2 once the page id is known, 2 = also the x and B rings;
-            GPU only, a no-op in the interpreter), ``HEADS`` (TMA kernel only: heads of one group per program,
-            divides H / G) in a software pipeline of ``HSTAGES`` tile buffers (a launch whose buffers overflow
-            shared memory raises ConfigError), ``num_warps``,
+            0, 1 = prefetch the first checkpoint tile into L2 once the page id is known, 2 = also the x and dt
+            rings of the program's heads and the group's B ring; GPU only, a no-op in the interpreter),
+            ``HEADS`` (TMA kernel only: heads of one group per program, divides H / G) in a software pipeline
+            of ``HSTAGES`` tile buffers (a launch whose buffers overflow shared memory raises ConfigError),
+            ``PFHEADS`` (TMA kernel, HEADS > 1: each iteration prefetches the tile PFHEADS heads ahead into
+            L2; GPU only), ``num_warps``,
             ``num_stages``, ``maxnreg`` (register cap, GPU only). Results agree to fp32/tf32 rounding
             across configs.
     Returns:

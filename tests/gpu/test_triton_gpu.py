@@ -49,6 +49,8 @@ def test_verify_nemotron(T, W, route, rows, n_pad):
                                  dict(KERNEL="tma", BLOCK_P=32, HEADS=16, HSTAGES=3, maxnreg=0, FOLD_N=128, PFHEADS=2),
                                  dict(KERNEL="tma", HEADS=4, HSTAGES=2, PFHEADS=1),
                                  dict(KERNEL="tma", HEADS=16, HSTAGES=2, maxnreg=0, FOLD_N=128, L2PF=2, PFHEADS=1),
+                                 dict(KERNEL="tma", HEADS=16, HSTAGES=1, maxnreg=168, FOLD_N=128, PFHEADS=1),
+                                 dict(KERNEL="tma", HEADS=8, HSTAGES=1, maxnreg=168, FOLD_N=128, PFHEADS=2),
                                  dict(KERNEL="tma", FOLD_N=64), dict(KERNEL="tma", BLOCK_P=32), dict(KERNEL="ldg", BLOCK_P=16),
                                  dict(KERNEL="ldg", BLOCK_P=32, num_warps=8), dict(KERNEL="ldg", num_stages=2),
                                  dict(KERNEL="ldg", BLOCK_P=64, FOLD_N=64), dict(HPP=16, PREFETCH=2),
