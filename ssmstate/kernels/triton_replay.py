@@ -477,7 +477,7 @@ def _tma_gathers(h, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr,
                  s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p, is_hist,
                  is_new, is_seq, ms, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr):
     """Head ``h``'s loads but its checkpoint tile: x over the sequence (K, BLOCK_P), the history's dt, the
-    window's raw dt (+ dt_bias), A, D and the gate z (BLOCK_S, BLOCK_P transposed); absent ones are A."""
+    window's raw dt (+ dt_bias), A, D and the gate z (BLOCK_P, BLOCK_S); absent ones are A."""
     xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
     x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
     X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)
