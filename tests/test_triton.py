@@ -400,23 +400,24 @@ def test_l2_prefetch_sizes(monkeypatch):
     cpu = torch.device("cpu")
 
     def rings(R, pages=3, H=32, G=2, P=64, N=128):
-        return (torch.empty(pages, H, P, N), torch.empty(pages, H, R, P, dtype=torch.bfloat16),
-                torch.empty(pages, G, R, N, dtype=torch.bfloat16), torch.empty(pages, H, R))
+        return (torch.empty(pages, H, R, P, dtype=torch.bfloat16), torch.empty(pages, G, R, N, dtype=torch.bfloat16),
+                torch.empty(pages, H, R))
 
-    ck, xr, Br, dtr = rings(20)
-    assert trk._l2_prefetch(0, ck, xr, Br, dtr, 64, 16, cpu) == {"PF_CK": 0, "PF_X": 0, "PF_B": 0, "PF_DT": 0}
-    assert trk._l2_prefetch(1, ck, xr, Br, dtr, 64, 16, cpu) == {"PF_CK": 32768, "PF_X": 0, "PF_B": 0, "PF_DT": 0}
-    assert trk._l2_prefetch(2, ck, xr, Br, dtr, 64, 16, cpu) == {
+    tile = 64 * 128 * 4  # an fp32 tile of 64 head-dim rows, N = 128
+    xr, Br, dtr = rings(20)
+    assert trk._l2_prefetch(0, tile, xr, Br, dtr, 16, cpu) == {"PF_CK": 0, "PF_X": 0, "PF_B": 0, "PF_DT": 0}
+    assert trk._l2_prefetch(1, tile, xr, Br, dtr, 16, cpu) == {"PF_CK": 32768, "PF_X": 0, "PF_B": 0, "PF_DT": 0}
+    assert trk._l2_prefetch(2, tile, xr, Br, dtr, 16, cpu) == {
         "PF_CK": 32768, "PF_X": 16 * 20 * 64 * 2, "PF_B": 20 * 128 * 2, "PF_DT": 16 * 20 * 4}
-    assert trk._l2_prefetch(2, ck, xr, Br, dtr, 32, 1, cpu)["PF_DT"] == 20 * 4  # one head: 80 bytes, aligned
-    ck, xr, Br, dtr = rings(18)  # dt rows of 72 bytes: one head's start is not 16-byte aligned, 16 heads' is
-    sizes = trk._l2_prefetch(2, ck, xr, Br, dtr, 64, 1, cpu)
+    assert trk._l2_prefetch(2, tile // 2, xr, Br, dtr, 1, cpu)["PF_DT"] == 20 * 4  # one head: 80 bytes, aligned
+    xr, Br, dtr = rings(18)  # dt rows of 72 bytes: one head's start is not 16-byte aligned, 16 heads' is
+    sizes = trk._l2_prefetch(2, tile, xr, Br, dtr, 1, cpu)
     assert sizes["PF_DT"] == 0 and sizes["PF_X"] == 18 * 64 * 2
-    assert trk._l2_prefetch(2, ck, xr, Br, dtr, 64, 16, cpu)["PF_DT"] == 16 * 18 * 4
+    assert trk._l2_prefetch(2, tile, xr, Br, dtr, 16, cpu)["PF_DT"] == 16 * 18 * 4
     padded = torch.empty(3, 32, 20, 65, dtype=torch.bfloat16)[..., :64]  # a ring whose rows are 130 bytes apart
-    assert trk._l2_prefetch(2, ck, padded, Br, dtr, 64, 16, cpu)["PF_X"] == 0
+    assert trk._l2_prefetch(2, tile, padded, Br, dtr, 16, cpu)["PF_X"] == 0
     with pytest.raises(ConfigError, match="L2PF must be 0, 1 or 2"):
-        trk._l2_prefetch(3, ck, xr, Br, dtr, 64, 16, cpu)
+        trk._l2_prefetch(3, tile, xr, Br, dtr, 16, cpu)
 
 
 def test_tma_launch_heuristic_on_the_gpu(monkeypatch):

@@ -1061,17 +1061,18 @@ def replay_verify(
         PFHEADS = cfg.get("PFHEADS", 0)
         if PFHEADS < 0 or (PFHEADS and HEADS == 1):
             raise ConfigError(f"config PFHEADS must be >= 0 and needs HEADS > 1, got {PFHEADS} with HEADS={HEADS}")
+        tile_bytes = BLOCK_P * N * checkpoint.element_size()  # one head's checkpoint tile
         try:  # a launch whose pipeline stages overflow shared memory fails before it runs: nothing is written
             _verify_tma_kernel[(H // HEADS * (P // BLOCK_P), rows)](
                 TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N]),
                 checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, *step, window, R, H, N, *strides,
-                P=P, NPT=P // BLOCK_P, HPG=H // G, HEADS=HEADS, HSTAGES=HSTAGES, BLOCK_P=BLOCK_P,
+                P=P, NPT=P // BLOCK_P, HPG=HPG, HEADS=HEADS, HSTAGES=HSTAGES, BLOCK_P=BLOCK_P,
                 BLOCK_N=N, BLOCK_K=_pow2(R), BLOCK_S=_pow2(T),
                 FOLD_N=min(N, int(cfg.get("FOLD_N", 32 if _compiled(dev) else N))),
                 GRAM16=_compiled(dev) and B.dtype == C.dtype and B.element_size() == 2,
                 READ16=_compiled(dev) and checkpoint.dtype == C.dtype and checkpoint.element_size() == 2,
-                **_l2_prefetch(int(cfg.get("L2PF", 0)), checkpoint, x_ring, B_ring, dt_ring, BLOCK_P, HEADS, dev),
-                PF_AHEAD=PFHEADS if _compiled(dev) else 0, PF_TILE=BLOCK_P * N * checkpoint.element_size(),
+                **_l2_prefetch(int(cfg.get("L2PF", 0)), tile_bytes, x_ring, B_ring, dt_ring, HEADS, dev),
+                PF_AHEAD=PFHEADS if _compiled(dev) else 0, PF_TILE=tile_bytes,
                 **flags,
             )
         except OutOfResources as exc:
@@ -1096,11 +1097,11 @@ def replay_verify(
     return out
 
 
-def _l2_prefetch(level: int, checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring: Tensor, block_p: int,
-                 heads: int, device: torch.device) -> dict[str, int]:
+def _l2_prefetch(level: int, tile_bytes: int, x_ring: Tensor, B_ring: Tensor, dt_ring: Tensor, heads: int,
+                 device: torch.device) -> dict[str, int]:
     """The TMA kernel's L2 prefetch sizes in bytes (``PF_CK``, ``PF_X``, ``PF_B``, ``PF_DT``; 0 = none).
 
-    ``level`` (config ``L2PF``): 0 none, 1 the first head's checkpoint tile, 2 also the rings: the x and dt
+    ``level`` (config ``L2PF``): 0 none, 1 the first head's checkpoint tile (``tile_bytes``), 2 also the rings: the x and dt
     rings of the program's ``heads`` heads (one contiguous span: a program's heads are consecutive) and the
     group's B ring. A bulk prefetch needs 16-byte aligned addresses and sizes, so a ring whose per-page or
     per-program offsets or whose span (first row to the end of the last) are not is left out; the
@@ -1123,7 +1124,7 @@ def _l2_prefetch(level: int, checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor,
 
     rings = ({"PF_X": ring_bytes(x_ring, heads), "PF_B": ring_bytes(B_ring, 1), "PF_DT": ring_bytes(dt_ring, heads)}
              if level == 2 else {"PF_X": 0, "PF_B": 0, "PF_DT": 0})
-    return {"PF_CK": block_p * checkpoint.shape[3] * checkpoint.element_size(), **rings}
+    return {"PF_CK": tile_bytes, **rings}
 
 
 #: config keys :func:`replay_verify` accepts, and those that only the LDG / the TMA kernel reads
