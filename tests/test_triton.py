@@ -37,7 +37,7 @@ from ssmstate.errors import ConfigError  # noqa: E402
 from ssmstate.kernels import reference as ref  # noqa: E402
 from ssmstate.kernels import triton_conv as tcv  # noqa: E402
 from ssmstate.kernels import triton_replay as trk  # noqa: E402
-from tests.test_triton_common import compare_verify, make_case, rel, run_verify  # noqa: E402
+from tests.test_triton_common import compare_verify, make_case, rel, run_verify, verify_args  # noqa: E402
 
 # No shrinking: the interpreter is slow and a failing example is reported as drawn.
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -118,10 +118,7 @@ def test_verify_rejects_bad_config():
                        ({"HEADS": 2, "PFHEADS": -1}, "PFHEADS must be >= 0"), ({"PFHEADS": 1}, "needs HEADS > 1"),
                        ({"KERNEL": "ldg", "PFHEADS": 1}, "TMA kernel only")):
         with pytest.raises(ConfigError, match=match):
-            trk.replay_verify(*(case["state"][k] for k in ("checkpoint", "x_ring", "B_ring", "dt_ring")),
-                              case["ring_start"], case["num_committed"], case["x"], case["dt"], case["A"],
-                              case["B"], case["C"], case["page_ids"], case["cu_seqlens"], case["W"],
-                              torch.empty_like(case["x"]), config=bad)
+            trk.replay_verify(*verify_args(case), torch.empty_like(case["x"]), config=bad)
     assert all(torch.equal(before[k], case["state"][k]) for k in before)
 
 
@@ -377,12 +374,6 @@ def test_cuda_graph_helper_refuses_cpu_managers():
 # -- the TMA kernel (runs in the interpreter through a host TensorDescriptor) ---------------------
 
 
-def _verify_args(case):
-    return (*(case["state"][k] for k in ("checkpoint", "x_ring", "B_ring", "dt_ring")), case["ring_start"],
-            case["num_committed"], case["x"], case["dt"], case["A"], case["B"], case["C"], case["page_ids"],
-            case["cu_seqlens"], case["W"])
-
-
 def test_tma_kernel_chosen_where_the_geometry_allows():
     cpu = torch.device("cpu")
     assert trk.verify_config(4, 8, 32, 32, 20, 4, cpu, 2)["KERNEL"] == "tma"
@@ -512,6 +503,6 @@ def test_tma_kernel_rejects_what_it_cannot_run():
                        ({"KERNEL": "wgmma"}, "KERNEL must be"), ({"KERNEL": "ldg", "L2PF": 1}, "TMA kernel only"),
                        ({"L2PF": 1}, "TMA kernel only")):
         with pytest.raises(ValueError, match=match):
-            trk.replay_verify(*_verify_args(case), out, config=bad)
+            trk.replay_verify(*verify_args(case), out, config=bad)
     assert all(torch.equal(before[k], case["state"][k]) for k in before)
     assert bool((out == 7.0).all())

@@ -75,13 +75,19 @@ def make_case(gen: torch.Generator, device: str | torch.device, *, pages: int, H
     return case
 
 
+def verify_args(case: dict, state: dict | None = None) -> tuple:
+    """The positional arguments of ``replay_verify`` before ``out`` (``state``: the cache tensors, the case's own
+    by default)."""
+    st = case["state"] if state is None else state
+    return (st["checkpoint"], st["x_ring"], st["B_ring"], st["dt_ring"], case["ring_start"], case["num_committed"],
+            case["x"], case["dt"], case["A"], case["B"], case["C"], case["page_ids"], case["cu_seqlens"], case["W"])
+
+
 def run_verify(fn, case: dict, **kw) -> tuple[dict, torch.Tensor]:
     st = {k: v.clone() for k, v in case["state"].items()}
     L = case["x"].shape[0]
     out = torch.full(case["x"].shape, POISON, dtype=case["x"].dtype, device=case["x"].device)
-    fn(st["checkpoint"], st["x_ring"], st["B_ring"], st["dt_ring"], case["ring_start"], case["num_committed"],
-       case["x"], case["dt"], case["A"], case["B"], case["C"], case["page_ids"], case["cu_seqlens"], case["W"], out,
-       D=case["D"], dt_bias=case["dt_bias"], z=case["z"], **kw)
+    fn(*verify_args(case, st), out, D=case["D"], dt_bias=case["dt_bias"], z=case["z"], **kw)
     assert out.shape[0] == L
     return st, out
 

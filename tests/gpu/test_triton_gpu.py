@@ -17,7 +17,7 @@ if torch.cuda.is_available():
 
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig, StateManager
 from ssmstate.kernels import reference as ref
-from tests.test_triton_common import compare_verify, make_case, rel, run_verify
+from tests.test_triton_common import compare_verify, make_case, rel, run_verify, verify_args
 
 DEV = "cuda"
 NEMO = dict(H=128, G=8, P=64, N=128)
@@ -73,10 +73,8 @@ def test_verify_config_over_shared_memory_is_a_config_error():
     before = {k: v.clone() for k, v in st.items()}
     out = torch.zeros_like(case["x"])
     with pytest.raises(ConfigError, match="does not fit"):
-        trk.replay_verify(st["checkpoint"], st["x_ring"], st["B_ring"], st["dt_ring"], case["ring_start"],
-                          case["num_committed"], case["x"], case["dt"], case["A"], case["B"], case["C"],
-                          case["page_ids"], case["cu_seqlens"], case["W"], out, D=case["D"], dt_bias=case["dt_bias"],
-                          z=case["z"], config=dict(KERNEL="tma", HEADS=16, HSTAGES=5, maxnreg=0))
+        trk.replay_verify(*verify_args(case), out, D=case["D"], dt_bias=case["dt_bias"], z=case["z"],
+                          config=dict(KERNEL="tma", HEADS=16, HSTAGES=5, maxnreg=0))
     assert all(torch.equal(before[k], st[k]) for k in before) and not out.any()
 
 
