@@ -90,7 +90,7 @@ def capture(batch: int, T: int, W: int, config: dict | None):
         for n, f in saved.items():
             setattr(tr, n, f)
         tr._compiled, tr._num_sms = saved_fns
-    return [(n, c.fn, c.calls[0]) for n, c in caps.items() if c.calls]
+    return [(n, c.fn, call) for n, c in caps.items() for call in c.calls]  # every launch (SPLIT: two)
 
 
 def compile_launch(fn, args, kwargs):

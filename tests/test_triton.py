@@ -116,7 +116,8 @@ def test_verify_rejects_bad_config():
                        ({"HEADS": 2.5}, "HEADS must be an int"), ({"FOLD_N": 0}, "FOLD_N must be a power of two"),
                        ({"FOLD_N": 12}, "FOLD_N must be a power of two"),
                        ({"HEADS": 2, "PFHEADS": -1}, "PFHEADS must be >= 0"), ({"PFHEADS": 1}, "needs HEADS > 1"),
-                       ({"KERNEL": "ldg", "PFHEADS": 1}, "TMA kernel only")):
+                       ({"KERNEL": "ldg", "PFHEADS": 1}, "TMA kernel only"), ({"SPLIT": 2}, "SPLIT must be 0 or 1"),
+                       ({"SPLIT": 1, "SPLIT_HEADS": 3}, "SPLIT_HEADS must divide")):
         with pytest.raises(ConfigError, match=match):
             trk.replay_verify(*verify_args(case), torch.empty_like(case["x"]), config=bad)
     assert all(torch.equal(before[k], case["state"][k]) for k in before)
@@ -469,6 +470,22 @@ def test_tma_pipelined_group_heads():
     want = run_verify(ref.replay_verify, case)
     for cfg in ({"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 16, "HSTAGES": 2, "FOLD_N": 32, "PFHEADS": 1},
                 {"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 16, "HSTAGES": 2, "FOLD_N": 8}):
+        compare_verify(case, run_verify(trk.replay_verify, case, config=cfg), want, out_tol=TOL[torch.bfloat16],
+                       state_tol=TOL[torch.float32])
+
+
+@pytest.mark.parametrize("route", ["mixed", "flush", "nonflush"])
+def test_tma_split_launch(route):
+    """``SPLIT``: non-flush rows in one launch, flush rows in a persistent launch that ranks them on the device and
+    deals (row, head block) items round-robin (3 programs under the interpreter, more items than programs); padding
+    rows and empty routes included. Against the reference, outputs and state."""
+    gen = torch.Generator().manual_seed(11)
+    case = make_case(gen, "cpu", pages=9, H=16, G=2, P=32, N=32, W=12, T=4, rows=6, n_pad=2, route=route,
+                     act_dtype=torch.bfloat16)
+    want = run_verify(ref.replay_verify, case)
+    for cfg in ({"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 4, "HSTAGES": 1, "FOLD_N": 32, "SPLIT": 1},
+                {"KERNEL": "tma", "BLOCK_P": 32, "SPLIT": 1, "SPLIT_HEADS": 1},
+                {"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 8, "HSTAGES": 2, "SPLIT": 1, "SPLIT_HEADS": 2}):
         compare_verify(case, run_verify(trk.replay_verify, case, config=cfg), want, out_tol=TOL[torch.bfloat16],
                        state_tol=TOL[torch.float32])
 

@@ -591,7 +591,8 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
 
 
 @triton.jit
-def _verify_tma_kernel(
+def _tma_program(
+    pid, row,
     ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
     page_ptr, cu_ptr,
@@ -613,14 +614,19 @@ def _verify_tma_kernel(
     GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
+    ROUTE: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    row = tl.program_id(1)
+    """One program's work of the TMA verify kernel: row ``row``, the head block and P tile ``pid``; ``ROUTE`` 0
+    serves every row, 1 only non-flush rows, 2 only flush rows (the others exit after their cursor)."""
     pt = pid % NPT
     page32 = tl.load(page_ptr + row)
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
-    if (page32 != 0) & (q > 0):
+    keep = (page32 != 0) & (q > 0)
+    if ROUTE != 0:  # one route's rows only: the other's exit after their cursor (one more round trip first)
+        c_route = tl.load(nc_ptr + page32.to(tl.int64), mask=keep, other=0)
+        keep = keep & ((c_route + q > window) == (ROUTE == 2))
+    if keep:
         h0_32 = (pid // NPT) * HEADS  # the program's first head; its HEADS heads share one group
         ck_row0 = (page32 * H + h0_32) * P + pt * BLOCK_P  # the first head's tile row in the (pages * H * P, N) view
         page = page32.to(tl.int64)
@@ -674,7 +680,21 @@ def _verify_tma_kernel(
         flush = c + q > window
         # three calls, one per constexpr mode: a static loop over the modes compiled to a different build (200 more
         # instructions, 255 registers), not the one measured
-        if HEADS == 1:  # one loop, the flush decided inside (one head: nothing to keep across iterations)
+        if ROUTE == 1 and HEADS > 1:  # non-flush rows only: the loop without fold code
+            _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
+                       ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
+                       s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
+                       is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
+                       BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
+                       IDX64, 0, PF_AHEAD, PF_TILE)
+        elif ROUTE == 2 and HEADS > 1:  # flush rows only
+            _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
+                       ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
+                       s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
+                       is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
+                       BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
+                       IDX64, 1, PF_AHEAD, PF_TILE)
+        elif HEADS == 1:  # one loop, the flush decided inside (one head: nothing to keep across iterations)
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                        s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
@@ -695,6 +715,101 @@ def _verify_tma_kernel(
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
                        IDX64, 0, PF_AHEAD, PF_TILE)
+
+
+
+
+@triton.jit
+def _verify_tma_kernel(
+    rows,
+    ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
+    page_ptr, cu_ptr,
+    window, R, H, N,
+    s_ck_pg, s_ck_h,
+    s_xr_pg, s_xr_h, s_xr_r,
+    s_Br_pg, s_Br_g, s_Br_r,
+    s_dtr_pg, s_dtr_h, s_dtr_r,
+    s_x_t, s_x_h,
+    s_dt_t, s_dt_h,
+    s_B_t, s_B_g,
+    s_C_t, s_C_g,
+    s_z_t, s_z_h,
+    s_o_t, s_o_h,
+    P: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr, HEADS: tl.constexpr, HSTAGES: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
+    FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
+    PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
+    ROUTE: tl.constexpr, PERSIST: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+):
+    if PERSIST:
+        # a persistent grid over the route's (row, head block) items, dealt out round-robin after ranking the
+        # rows of the route on the device (flush rows for ROUTE 2): an empty route costs one pass over the cursors
+        ridx = tl.arange(0, BLOCK_ROWS)
+        mr = ridx < rows
+        pg = tl.load(page_ptr + ridx, mask=mr, other=0)
+        qv = tl.load(cu_ptr + ridx + 1, mask=mr, other=0) - tl.load(cu_ptr + ridx, mask=mr, other=0)
+        live = mr & (pg != 0) & (qv > 0)
+        cv = tl.load(nc_ptr + pg.to(tl.int64), mask=live, other=0)
+        sel = live & ((cv + qv > window) == (ROUTE == 2))
+        one = sel.to(tl.int32)
+        rank = tl.cumsum(one, axis=0) - one
+        blocks = (H // HEADS) * NPT
+        items = tl.sum(one, axis=0) * blocks
+        k = tl.program_id(0)
+        while k < items:  # a while loop: the interpreter's range() takes no tensor bounds
+            r = tl.min(tl.where(sel & (rank == k // blocks), ridx, BLOCK_ROWS), axis=0)
+            _tma_program(k % blocks, r,
+                         ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
+                         x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
+                         page_ptr, cu_ptr,
+                         window, R, H, N,
+                         s_ck_pg, s_ck_h,
+                         s_xr_pg, s_xr_h, s_xr_r,
+                         s_Br_pg, s_Br_g, s_Br_r,
+                         s_dtr_pg, s_dtr_h, s_dtr_r,
+                         s_x_t, s_x_h,
+                         s_dt_t, s_dt_h,
+                         s_B_t, s_B_g,
+                         s_C_t, s_C_g,
+                         s_z_t, s_z_h,
+                         s_o_t, s_o_h,
+                         P, NPT, HPG, HEADS, HSTAGES,
+                         BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K,
+                         BLOCK_S,
+                         HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS,
+                         GRAM16, READ16, DOT_PREC, FOLD_SPLIT,
+                         FOLD_PREC, IDX64, PF_CK, PF_X, PF_B,
+                         PF_DT, PF_AHEAD, PF_TILE,
+                         ROUTE)
+            k += tl.num_programs(0)
+    else:
+        _tma_program(tl.program_id(0), tl.program_id(1),
+                     ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
+                     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
+                     page_ptr, cu_ptr,
+                     window, R, H, N,
+                     s_ck_pg, s_ck_h,
+                     s_xr_pg, s_xr_h, s_xr_r,
+                     s_Br_pg, s_Br_g, s_Br_r,
+                     s_dtr_pg, s_dtr_h, s_dtr_r,
+                     s_x_t, s_x_h,
+                     s_dt_t, s_dt_h,
+                     s_B_t, s_B_g,
+                     s_C_t, s_C_g,
+                     s_z_t, s_z_h,
+                     s_o_t, s_o_h,
+                     P, NPT, HPG, HEADS, HSTAGES,
+                     BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K,
+                     BLOCK_S,
+                     HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS,
+                     GRAM16, READ16, DOT_PREC, FOLD_SPLIT,
+                     FOLD_PREC, IDX64, PF_CK, PF_X, PF_B,
+                     PF_DT, PF_AHEAD, PF_TILE,
+                     ROUTE)
 
 
 # -- materialize --------------------------------------------------------------------------
@@ -1061,20 +1176,36 @@ def replay_verify(
         PFHEADS = cfg.get("PFHEADS", 0)
         if PFHEADS < 0 or (PFHEADS and HEADS == 1):
             raise ConfigError(f"config PFHEADS must be >= 0 and needs HEADS > 1, got {PFHEADS} with HEADS={HEADS}")
+        SPLIT = cfg.get("SPLIT", 0)
+        if SPLIT not in (0, 1):
+            raise ConfigError(f"config SPLIT must be 0 or 1, got {SPLIT}")
+        split_heads = cfg.get("SPLIT_HEADS", min(8, tma_heads(H, G)))
+        if split_heads < 1 or HPG % split_heads:
+            raise ConfigError(f"config SPLIT_HEADS must divide the {HPG} heads per group, got {split_heads}")
+        desc = TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N])
         tile_bytes = BLOCK_P * N * checkpoint.element_size()  # one head's checkpoint tile
-        try:  # a launch whose pipeline stages overflow shared memory fails before it runs: nothing is written
-            _verify_tma_kernel[(H // HEADS * (P // BLOCK_P), rows)](
-                TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N]),
-                checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, *step, window, R, H, N, *strides,
-                P=P, NPT=P // BLOCK_P, HPG=HPG, HEADS=HEADS, HSTAGES=HSTAGES, BLOCK_P=BLOCK_P,
-                BLOCK_N=N, BLOCK_K=_pow2(R), BLOCK_S=_pow2(T),
-                FOLD_N=min(N, int(cfg.get("FOLD_N", 32 if _compiled(dev) else N))),
+
+        def launch(grid, heads, hstages, fold_n, pfheads, l2pf, launch_flags, route, persist):
+            _verify_tma_kernel[grid](
+                rows, desc, checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, *step, window, R, H, N,
+                *strides, P=P, NPT=P // BLOCK_P, HPG=HPG, HEADS=heads, HSTAGES=hstages, BLOCK_P=BLOCK_P,
+                BLOCK_N=N, BLOCK_K=_pow2(R), BLOCK_S=_pow2(T), FOLD_N=min(N, fold_n),
                 GRAM16=_compiled(dev) and B.dtype == C.dtype and B.element_size() == 2,
                 READ16=_compiled(dev) and checkpoint.dtype == C.dtype and checkpoint.element_size() == 2,
-                **_l2_prefetch(int(cfg.get("L2PF", 0)), tile_bytes, x_ring, B_ring, dt_ring, HEADS, dev),
-                PF_AHEAD=PFHEADS if _compiled(dev) else 0, PF_TILE=tile_bytes,
-                **flags,
+                **_l2_prefetch(l2pf, tile_bytes, x_ring, B_ring, dt_ring, heads, dev),
+                PF_AHEAD=pfheads if _compiled(dev) else 0, PF_TILE=tile_bytes,
+                ROUTE=route, PERSIST=persist, BLOCK_ROWS=_pow2(rows) if persist else 16, **launch_flags,
             )
+
+        try:  # a launch whose pipeline stages overflow shared memory fails before it runs: nothing is written
+            launch((H // HEADS * (P // BLOCK_P), rows), HEADS, HSTAGES,
+                   int(cfg.get("FOLD_N", 32 if _compiled(dev) else N)), PFHEADS, int(cfg.get("L2PF", 0)), flags,
+                   route=1 if SPLIT else 0, persist=False)
+            if SPLIT:  # flush rows: a persistent launch dealing (row, head block) items round-robin, uncapped
+                flush_flags = {k: v for k, v in flags.items() if k != "maxnreg"}
+                programs = 2 * _num_sms(dev) if _compiled(dev) else 3
+                launch((programs, 1), split_heads, 2 if split_heads > 1 else 1, N, 1 if split_heads > 1 else 0, 0,
+                       flush_flags, route=2, persist=True)
         except OutOfResources as exc:
             raise ConfigError(f"launch {cfg} does not fit this GPU ({exc}); use fewer HSTAGES or HEADS") from exc
         return out
@@ -1129,7 +1260,7 @@ def _l2_prefetch(level: int, tile_bytes: int, x_ring: Tensor, B_ring: Tensor, dt
 
 #: config keys :func:`replay_verify` accepts, and those that only the LDG / the TMA kernel reads
 _LDG_KEYS = frozenset({"HPP", "NC", "NS", "FUSE", "PREFETCH"})
-_TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES", "PFHEADS"})
+_TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES", "PFHEADS", "SPLIT", "SPLIT_HEADS"})
 _CONFIG_KEYS = _LDG_KEYS | _TMA_KEYS | {"KERNEL", "BLOCK_P", "FOLD_N", "num_warps", "num_stages", "maxnreg"}
 
 
