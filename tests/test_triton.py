@@ -117,7 +117,10 @@ def test_verify_rejects_bad_config():
                        ({"FOLD_N": 12}, "FOLD_N must be a power of two"),
                        ({"HEADS": 2, "PFHEADS": -1}, "PFHEADS must be >= 0"), ({"PFHEADS": 1}, "needs HEADS > 1"),
                        ({"KERNEL": "ldg", "PFHEADS": 1}, "TMA kernel only"), ({"SPLIT": 2}, "SPLIT must be 0 or 1"),
-                       ({"SPLIT": 1, "SPLIT_HEADS": 3}, "SPLIT_HEADS must divide")):
+                       ({"SPLIT": 1, "SPLIT_HEADS": 3}, "SPLIT_HEADS must divide"),
+                       ({"STREAM": 2}, "STREAM must be 0, 1 or 2"), ({"STREAM": 3, "SPLIT": 1}, "STREAM must be"),
+                       ({"STREAM": 1, "PROGS": 0}, "PROGS must be >= 1"), ({"STREAM": 1, "FLUSH_W": 0}, "FLUSH_W"),
+                       ({"PDL": 1}, "PDL must be 0 or 1"), ({"SPLIT": 1, "PDL": 2}, "PDL must be")):
         with pytest.raises(ConfigError, match=match):
             trk.replay_verify(*verify_args(case), torch.empty_like(case["x"]), config=bad)
     assert all(torch.equal(before[k], case["state"][k]) for k in before)
@@ -413,27 +416,33 @@ def test_l2_prefetch_sizes(monkeypatch):
 
 
 def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
-    """As measured on the H200: batch 1 (at most one program per SM) runs uncapped with L2 prefetches; grids
-    with at least 15 programs per SM when a program takes a group's 16 heads (batch 256 at H=128) run those
-    heads in a 2-stage pipeline, uncapped, flush rows folded in one product; the grids between one head per
-    program capped at 96 registers; rings over 32 rows take the LDG kernel."""
+    """As measured on the H200: batch 1 (at most one program per SM) runs uncapped with L2 prefetches; grids of
+    48 or more heads per SM up to 1,024 rows (batch 64-1,024 at H=128) take the route-split streamed launches;
+    longer grids with at least 15 programs per SM when a program takes a group's 16 heads run those heads in a
+    2-stage pipeline, uncapped, flush rows folded in one product; the grids between one head per program capped
+    at 96 registers; rings over 32 rows take the LDG kernel."""
     monkeypatch.setattr(trk, "_compiled", lambda device: True)
     monkeypatch.setattr(trk, "_num_sms", lambda device: 132)
     cuda = torch.device("cuda")
     small = trk.verify_config(1, 128, 64, 128, 20, 4, cuda, 8)
     assert small["KERNEL"] == "tma" and small["L2PF"] == 2 and "maxnreg" not in small and "HEADS" not in small
-    for rows in (8, 128):  # 64 / 1,024 programs of 16 heads: under 15 per SM
+    for rows in (8, 32, 49):  # 1,024 / 4,096 / 6,272 heads: under 48 per SM
         mid = trk.verify_config(rows, 128, 64, 128, 20, 4, cuda, 8)
         assert mid["KERNEL"] == "tma" and mid["maxnreg"] == 96 and "L2PF" not in mid and "HEADS" not in mid
-    large = trk.verify_config(256, 128, 64, 128, 20, 4, cuda, 8)
-    assert large["KERNEL"] == "tma" and "maxnreg" not in large and "L2PF" not in large
+        assert "SPLIT" not in mid and "STREAM" not in mid
+    for rows in (50, 64, 256, 1024):
+        split = trk.verify_config(rows, 128, 64, 128, 20, 4, cuda, 8)
+        assert {k: split.get(k) for k in ("SPLIT", "STREAM", "PDL", "PROGS", "maxnreg", "PFHEADS")} == dict(
+            SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1)
+    large = trk.verify_config(1025, 128, 64, 128, 20, 4, cuda, 8)  # past the rows a stream ranks in registers
+    assert large["KERNEL"] == "tma" and "maxnreg" not in large and "L2PF" not in large and "STREAM" not in large
     assert (large["HEADS"], large["HSTAGES"], large["FOLD_N"], large["PFHEADS"]) == (16, 2, 128, 1)
     # only the measured pipelined launch: 16 heads per program and 32 KB tiles (not 4 heads per group, 3 heads per
     # group, a bf16 checkpoint or N = 256)
     for args, kw in (((256, 128, 64, 128, 20, 4, cuda, 32), {}), ((256, 24, 64, 128, 20, 4, cuda, 8), {}),
                      ((256, 128, 64, 128, 20, 4, cuda, 8), {"state_size": 2}),
                      ((256, 128, 64, 256, 20, 4, cuda, 8), {})):
-        assert "HEADS" not in trk.verify_config(*args, **kw)
+        assert not {"HEADS", "STREAM"} & set(trk.verify_config(*args, **kw))
     assert [trk.tma_heads(H, G) for H, G in ((128, 8), (128, 1), (24, 8), (48, 2), (8, 8))] == [16, 16, 1, 8, 1]
     assert trk.verify_config(1, 128, 64, 128, 40, 8, cuda, 8)["KERNEL"] == "ldg"
 
@@ -477,15 +486,22 @@ def test_tma_pipelined_group_heads():
 @pytest.mark.parametrize("route", ["mixed", "flush", "nonflush"])
 def test_tma_split_launch(route):
     """``SPLIT``: non-flush rows in one launch, flush rows in a persistent launch that ranks them on the device and
-    deals (row, head block) items round-robin (3 programs under the interpreter, more items than programs); padding
-    rows and empty routes included. Against the reference, outputs and state."""
+    deals (row, head block) items round-robin (3 programs under the interpreter, more items than programs); with
+    ``STREAM``, each program of a persistent launch takes an equal contiguous share of the (row, P tile, head) items
+    instead (shares start and end mid-group and mid-row); ``STREAM`` without ``SPLIT`` streams both routes in one
+    launch, a flush row's heads weighted ``FLUSH_W`` / 4. Padding rows and empty routes included. Against the
+    reference, outputs and state."""
     gen = torch.Generator().manual_seed(11)
     case = make_case(gen, "cpu", pages=9, H=16, G=2, P=32, N=32, W=12, T=4, rows=6, n_pad=2, route=route,
                      act_dtype=torch.bfloat16)
     want = run_verify(ref.replay_verify, case)
     for cfg in ({"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 4, "HSTAGES": 1, "FOLD_N": 32, "SPLIT": 1},
                 {"KERNEL": "tma", "BLOCK_P": 32, "SPLIT": 1, "SPLIT_HEADS": 1},
-                {"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 8, "HSTAGES": 2, "SPLIT": 1, "SPLIT_HEADS": 2}):
+                {"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 8, "HSTAGES": 2, "SPLIT": 1, "SPLIT_HEADS": 2},
+                {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 1, "PROGS": 5, "SPLIT_HEADS": 4},
+                {"KERNEL": "tma", "BLOCK_P": 32, "SPLIT": 1, "STREAM": 2, "PROGS": 3, "SPLIT_HEADS": 2, "PDL": 1},
+                {"KERNEL": "tma", "BLOCK_P": 16, "STREAM": 1, "PROGS": 7, "FOLD_N": 8},
+                {"KERNEL": "tma", "BLOCK_P": 32, "STREAM": 1, "PROGS": 4, "FLUSH_W": 3}):
         compare_verify(case, run_verify(trk.replay_verify, case, config=cfg), want, out_tol=TOL[torch.bfloat16],
                        state_tol=TOL[torch.float32])
 

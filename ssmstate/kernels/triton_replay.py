@@ -470,6 +470,11 @@ def _replay_verify_kernel(
 # and an L2 prefetch (PF_AHEAD) starts the next tile's DRAM read there too. Optional L2 prefetches at the
 # program's start (PF_*) stream the first tile and the rings while the cursors come back; measured useful
 # only for grids under one program per SM (§8).
+# Persistent launches (PERSIST, _verify_tma_kernel) run the same per-row work (_tma_program) over a route's
+# rows ranked on the device: round-robin (row, head block) items, or (STREAM) an equal contiguous share of
+# the heads per program, walked one group's heads at a time in a loop with a runtime count (§11). SPLIT runs
+# the two routes as two launches, each built for its own register budget; PDL lets the second start while
+# the first drains.
 
 
 @triton.jit
@@ -495,16 +500,101 @@ def _tma_gathers(h, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr,
 
 
 @triton.jit
+def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0, i,
+              last, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
+              s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist,
+              is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_raw, dth, dtn, A, Dh, zz,
+              P: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr,
+              HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+              READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
+              IDX64: tl.constexpr, FLUSH: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
+              NEXT: tl.constexpr):
+    """Head ``h0 + i`` of a :func:`_tma_heads` loop whose last head is ``h0 + last``; its gathers
+    (``X_raw`` .. ``zz``) were issued one iteration earlier. Returns head ``i + 1``'s gathers, issued here
+    (``NEXT``; else this head's again)."""
+    h = h0 + i
+    if PF_AHEAD > 0:  # clamped, not masked: no branch in the pipelined body (a repeat hits L2)
+        ahead = tl.minimum(i + PF_AHEAD, last)
+        _prefetch_l2(ck_ptr + (ck_row0 + ahead * P).to(tl.int64) * BLOCK_N, PF_TILE)
+    if NEXT:  # the next head's gathers go out now, into registers, and land while this head computes
+        X_n, dth_n, dtn_n, A_n, D_n, zz_n = _tma_gathers(
+            h0 + tl.minimum(i + 1, last), page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr,
+            z_ptr, s_xr_pg, s_xr_h, s_xr_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t,
+            s_z_h, ring, tok, tw, offs_p, is_hist, is_new, is_seq, ms, HAS_D, HAS_DTB, HAS_Z)
+    else:
+        X_n, dth_n, dtn_n, A_n, D_n, zz_n = X_raw, dth, dtn, A, Dh, zz
+    xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
+    dtr_h = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
+    # the checkpoint tile: one TMA copy into shared memory
+    S0 = ck_desc.load([ck_row0 + i * P, 0])
+    # Λ over the sequence, the causal factors F[k, s] = (B_k·C_s) dt_k e^{A (Λ_{c+s} - Λ_k)}
+    if DT_SOFTPLUS:
+        dtn = _softplus(dtn)
+    dtn = tl.where(is_new, dtn, 0.0)
+    dtp = tl.where(is_hist, dth, dtn)
+    lam = tl.cumsum(dtp, axis=0)
+    lam_w = tl.sum(tl.where(diag, lam[:, None], 0.0), axis=0)
+    F = tl.where(causal, Gm * dtp[:, None] * _decay(A, lam_w[None, :] - lam[:, None]), 0.0)
+    if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
+        F += tl.where(diag, Dh, 0.0)
+    # y_s = e^{A Λ_w} S0 C_s + Σ_k F[k, s] x_k: the readout from shared memory, then the sequence,
+    # both products into one accumulator (the decays scale the readout's columns)
+    if READ16:  # 16-bit checkpoint in C's dtype: exact products, decays on the accumulator
+        Y = tl.dot(S0, CwT) * _decay(A, lam_w)[None, :]
+    else:  # the decays on the accumulator too: C's operand is the same for every head of the loop
+        Y = tl.dot(S0.to(tl.float32), CwT, input_precision=DOT_PREC) * _decay(A, lam_w)[None, :]
+    XT = tl.trans(X_raw.to(tl.float32))
+    Y = tl.dot(XT, F, Y, input_precision=DOT_PREC)
+    if HAS_Z:
+        z = zz.to(tl.float32)
+        Y *= z * tl.sigmoid(z)
+    tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None], Y.to(out_ptr.dtype.element_ty),
+             mask=ms[None, :])
+    # append the window's rows to the ring (disjoint from the history: c + q <= R)
+    tl.store(xr_h + ring[:, None] * s_xr_r + offs_p[None, :], X_raw, mask=is_new[:, None])
+    if pt == 0:
+        tl.store(dtr_h + ring * s_dtr_r, dtn, mask=is_new)
+    if fold:
+        # flush row: S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0
+        XTw, hi, lo_, carry = _fold_weights(XT, dth, A, FOLD_SPLIT)
+        ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * BLOCK_N
+        mp = offs_p < P
+        if FOLD_N >= BLOCK_N:  # the whole tile from shared memory, B_h from the hoisted sequence rows
+            if FLUSH == 1:
+                Bf = Bh
+            else:
+                Bf = tl.where(is_hist[:, None], B_raw.to(tl.float32), 0.0)
+            S1 = S0.to(tl.float32) * carry
+            if FOLD_SPLIT:  # B_h exact in tf32 (16-bit ring): split only the x side, two tf32 dots
+                S1 = tl.dot(hi, Bf, acc=S1, input_precision="tf32")
+                S1 = tl.dot(lo_, Bf, acc=S1, input_precision="tf32")
+            else:
+                S1 = tl.dot(XTw, Bf, acc=S1, input_precision=FOLD_PREC)
+            oc, ck, mc = _chunk(ck_page, h, s_ck_h, 0, mp, N, BLOCK_N, BLOCK_P, BLOCK_N, IDX64)
+            tl.store(ck, S1.to(ck_ptr.dtype.element_ty))
+        else:  # N chunk by N chunk (chunks re-read, L2 hits, so no full-tile accumulator is live)
+            b_hist = Br_base + ring * s_Br_r
+            for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
+                oc, ck, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N, BLOCK_N, BLOCK_P, FOLD_N, IDX64)
+                _fold_chunk(_load_chunk(ck, mc, True) * carry, ck, mc, oc, b_hist, is_hist, N, XTw, hi, lo_,
+                            ck_ptr, True, FOLD_SPLIT, FOLD_PREC)
+    return X_n, dth_n, dtn_n, A_n, D_n, zz_n
+
+
+@triton.jit
 def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
-               ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t,
-               s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist, is_new,
-               is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P: tl.constexpr, HEADS: tl.constexpr,
+               nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
+               s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist,
+               is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P: tl.constexpr, HEADS: tl.constexpr,
                HSTAGES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr,
                HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
                READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
-               IDX64: tl.constexpr, FLUSH: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr):
+               IDX64: tl.constexpr, FLUSH: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
+               DYN: tl.constexpr):
     """The TMA kernel's heads ``h0 .. h0 + HEADS - 1`` of one row in a software pipeline (``HSTAGES`` tile
     buffers: head i + 1's tile copy and, into registers, its gathers go out while head i computes).
+    ``DYN``: the runtime count ``nh`` of heads instead, in a plain loop (one tile buffer; the interpreter
+    takes no loop bound from a tensor).
     ``FLUSH``: 1 the row's checkpoint is rewritten (its history folded in), 0 only outputs and ring appends,
     2 the runtime ``flush`` decides.
     ``PF_AHEAD`` > 0: each iteration also asks L2 for the tile (``PF_TILE`` bytes) ``PF_AHEAD`` heads ahead, so
@@ -513,6 +603,7 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
         fold = flush
     else:
         fold = FLUSH == 1
+    Bh = B_raw
     if FLUSH == 1:
         if FOLD_N >= BLOCK_N:  # the whole-tile fold reads B over the history from registers, loaded once
             Bh = tl.where(is_hist[:, None], B_raw.to(tl.float32), 0.0)
@@ -522,77 +613,31 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
         h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r, s_dtr_pg,
         s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p, is_hist, is_new, is_seq,
         ms, HAS_D, HAS_DTB, HAS_Z)
-    for i in tl.range(0, HEADS, num_stages=HSTAGES):
-        h = h0 + i
-        if PF_AHEAD > 0:  # clamped, not masked: no branch in the pipelined body (a repeat hits L2)
-            ahead = tl.minimum(i + PF_AHEAD, HEADS - 1)
-            _prefetch_l2(ck_ptr + (ck_row0 + ahead * P).to(tl.int64) * BLOCK_N, PF_TILE)
-        X_raw, dth, dtn, A, Dh, zz = X_n, dth_n, dtn_n, A_n, D_n, zz_n
-        if HEADS > 1:  # the next head's gathers go out now, into registers, and land while this head computes
-            X_n, dth_n, dtn_n, A_n, D_n, zz_n = _tma_gathers(
-                h0 + tl.minimum(i + 1, HEADS - 1), page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr,
-                z_ptr, s_xr_pg, s_xr_h, s_xr_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t,
-                s_z_h, ring, tok, tw, offs_p, is_hist, is_new, is_seq, ms, HAS_D, HAS_DTB, HAS_Z)
-        xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
-        dtr_h = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
-        # the checkpoint tile: one TMA copy into shared memory
-        S0 = ck_desc.load([ck_row0 + i * P, 0])
-        # Λ over the sequence, the causal factors F[k, s] = (B_k·C_s) dt_k e^{A (Λ_{c+s} - Λ_k)}
-        if DT_SOFTPLUS:
-            dtn = _softplus(dtn)
-        dtn = tl.where(is_new, dtn, 0.0)
-        dtp = tl.where(is_hist, dth, dtn)
-        lam = tl.cumsum(dtp, axis=0)
-        lam_w = tl.sum(tl.where(diag, lam[:, None], 0.0), axis=0)
-        F = tl.where(causal, Gm * dtp[:, None] * _decay(A, lam_w[None, :] - lam[:, None]), 0.0)
-        if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
-            F += tl.where(diag, Dh, 0.0)
-        # y_s = e^{A Λ_w} S0 C_s + Σ_k F[k, s] x_k: the readout from shared memory, then the sequence,
-        # both products into one accumulator (the decays scale the readout's columns)
-        if READ16:  # 16-bit checkpoint in C's dtype: exact products, decays on the accumulator
-            Y = tl.dot(S0, CwT) * _decay(A, lam_w)[None, :]
-        else:  # the decays on the accumulator too: C's operand is the same for every head of the loop
-            Y = tl.dot(S0.to(tl.float32), CwT, input_precision=DOT_PREC) * _decay(A, lam_w)[None, :]
-        XT = tl.trans(X_raw.to(tl.float32))
-        Y = tl.dot(XT, F, Y, input_precision=DOT_PREC)
-        if HAS_Z:
-            z = zz.to(tl.float32)
-            Y *= z * tl.sigmoid(z)
-        tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None], Y.to(out_ptr.dtype.element_ty),
-                 mask=ms[None, :])
-        # append the window's rows to the ring (disjoint from the history: c + q <= R)
-        tl.store(xr_h + ring[:, None] * s_xr_r + offs_p[None, :], X_raw, mask=is_new[:, None])
-        if pt == 0:
-            tl.store(dtr_h + ring * s_dtr_r, dtn, mask=is_new)
-        if fold:
-            # flush row: S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0
-            XTw, hi, lo_, carry = _fold_weights(XT, dth, A, FOLD_SPLIT)
-            ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * BLOCK_N
-            mp = offs_p < P
-            if FOLD_N >= BLOCK_N:  # the whole tile from shared memory, B_h from the hoisted sequence rows
-                if FLUSH == 1:
-                    Bf = Bh
-                else:
-                    Bf = tl.where(is_hist[:, None], B_raw.to(tl.float32), 0.0)
-                S1 = S0.to(tl.float32) * carry
-                if FOLD_SPLIT:  # B_h exact in tf32 (16-bit ring): split only the x side, two tf32 dots
-                    S1 = tl.dot(hi, Bf, acc=S1, input_precision="tf32")
-                    S1 = tl.dot(lo_, Bf, acc=S1, input_precision="tf32")
-                else:
-                    S1 = tl.dot(XTw, Bf, acc=S1, input_precision=FOLD_PREC)
-                oc, ck, mc = _chunk(ck_page, h, s_ck_h, 0, mp, N, BLOCK_N, BLOCK_P, BLOCK_N, IDX64)
-                tl.store(ck, S1.to(ck_ptr.dtype.element_ty))
-            else:  # N chunk by N chunk (chunks re-read, L2 hits, so no full-tile accumulator is live)
-                b_hist = Br_base + ring * s_Br_r
-                for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
-                    oc, ck, mc = _chunk(ck_page, h, s_ck_h, n0, mp, N, BLOCK_N, BLOCK_P, FOLD_N, IDX64)
-                    _fold_chunk(_load_chunk(ck, mc, True) * carry, ck, mc, oc, b_hist, is_hist, N, XTw, hi, lo_,
-                                ck_ptr, True, FOLD_SPLIT, FOLD_PREC)
+    if DYN:
+        i = 0
+        while i < nh:
+            X_n, dth_n, dtn_n, A_n, D_n, zz_n = _tma_head(
+                ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0, i,
+                nh - 1, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h,
+                s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
+                is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
+                zz_n, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
+                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, True)
+            i += 1
+    else:
+        for i in tl.range(0, HEADS, num_stages=HSTAGES):
+            X_n, dth_n, dtn_n, A_n, D_n, zz_n = _tma_head(
+                ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0, i,
+                HEADS - 1, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h,
+                s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
+                is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
+                zz_n, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
+                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, HEADS > 1)
 
 
 @triton.jit
 def _tma_program(
-    pid, row,
+    pt, h0_32, nh, row,
     ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
     page_ptr, cu_ptr,
@@ -614,11 +659,11 @@ def _tma_program(
     GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
-    ROUTE: tl.constexpr,
+    ROUTE: tl.constexpr, DYN: tl.constexpr,
 ):
-    """One program's work of the TMA verify kernel: row ``row``, the head block and P tile ``pid``; ``ROUTE`` 0
-    serves every row, 1 only non-flush rows, 2 only flush rows (the others exit after their cursor)."""
-    pt = pid % NPT
+    """One program's work of the TMA verify kernel: row ``row``, P tile ``pt``, the ``HEADS`` heads of one group
+    from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
+    rows, 2 only flush rows (the others exit after their cursor)."""
     page32 = tl.load(page_ptr + row)
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
@@ -627,7 +672,6 @@ def _tma_program(
         c_route = tl.load(nc_ptr + page32.to(tl.int64), mask=keep, other=0)
         keep = keep & ((c_route + q > window) == (ROUTE == 2))
     if keep:
-        h0_32 = (pid // NPT) * HEADS  # the program's first head; its HEADS heads share one group
         ck_row0 = (page32 * H + h0_32) * P + pt * BLOCK_P  # the first head's tile row in the (pages * H * P, N) view
         page = page32.to(tl.int64)
         h0 = h0_32.to(tl.int64)
@@ -680,41 +724,41 @@ def _tma_program(
         flush = c + q > window
         # three calls, one per constexpr mode: a static loop over the modes compiled to a different build (200 more
         # instructions, 255 registers), not the one measured
-        if ROUTE == 1 and HEADS > 1:  # non-flush rows only: the loop without fold code
+        if ROUTE == 1 and (HEADS > 1 or DYN):  # non-flush rows only: the loop without fold code
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
-                       ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
+                       nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                        s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 0, PF_AHEAD, PF_TILE)
-        elif ROUTE == 2 and HEADS > 1:  # flush rows only
+                       IDX64, 0, PF_AHEAD, PF_TILE, DYN)
+        elif ROUTE == 2 and (HEADS > 1 or DYN):  # flush rows only
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
-                       ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
+                       nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                        s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 1, PF_AHEAD, PF_TILE)
-        elif HEADS == 1:  # one loop, the flush decided inside (one head: nothing to keep across iterations)
+                       IDX64, 1, PF_AHEAD, PF_TILE, DYN)
+        elif HEADS == 1 and not DYN:  # one loop, the flush decided inside (one head: nothing to keep across iterations)
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
-                       ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
+                       nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                        s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 2, PF_AHEAD, PF_TILE)
+                       IDX64, 2, PF_AHEAD, PF_TILE, DYN)
         elif flush:  # several heads: flush rows and the others run separate loops, each with only its own values
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
-                       ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
+                       nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                        s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 1, PF_AHEAD, PF_TILE)
+                       IDX64, 1, PF_AHEAD, PF_TILE, DYN)
         else:
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
-                       ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
+                       nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                        s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 0, PF_AHEAD, PF_TILE)
+                       IDX64, 0, PF_AHEAD, PF_TILE, DYN)
 
 
 
@@ -743,51 +787,14 @@ def _verify_tma_kernel(
     GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
-    ROUTE: tl.constexpr, PERSIST: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+    ROUTE: tl.constexpr, PERSIST: tl.constexpr, BLOCK_ROWS: tl.constexpr, FLUSH_W: tl.constexpr,
+    NONFLUSH_W: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PERSIST:
-        # a persistent grid over the route's (row, head block) items, dealt out round-robin after ranking the
-        # rows of the route on the device (flush rows for ROUTE 2): an empty route costs one pass over the cursors
-        ridx = tl.arange(0, BLOCK_ROWS)
-        mr = ridx < rows
-        pg = tl.load(page_ptr + ridx, mask=mr, other=0)
-        qv = tl.load(cu_ptr + ridx + 1, mask=mr, other=0) - tl.load(cu_ptr + ridx, mask=mr, other=0)
-        live = mr & (pg != 0) & (qv > 0)
-        cv = tl.load(nc_ptr + pg.to(tl.int64), mask=live, other=0)
-        sel = live & ((cv + qv > window) == (ROUTE == 2))
-        one = sel.to(tl.int32)
-        rank = tl.cumsum(one, axis=0) - one
-        blocks = (H // HEADS) * NPT
-        items = tl.sum(one, axis=0) * blocks
-        k = tl.program_id(0)
-        while k < items:  # a while loop: the interpreter's range() takes no tensor bounds
-            r = tl.min(tl.where(sel & (rank == k // blocks), ridx, BLOCK_ROWS), axis=0)
-            _tma_program(k % blocks, r,
-                         ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
-                         x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
-                         page_ptr, cu_ptr,
-                         window, R, H, N,
-                         s_ck_pg, s_ck_h,
-                         s_xr_pg, s_xr_h, s_xr_r,
-                         s_Br_pg, s_Br_g, s_Br_r,
-                         s_dtr_pg, s_dtr_h, s_dtr_r,
-                         s_x_t, s_x_h,
-                         s_dt_t, s_dt_h,
-                         s_B_t, s_B_g,
-                         s_C_t, s_C_g,
-                         s_z_t, s_z_h,
-                         s_o_t, s_o_h,
-                         P, NPT, HPG, HEADS, HSTAGES,
-                         BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K,
-                         BLOCK_S,
-                         HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS,
-                         GRAM16, READ16, DOT_PREC, FOLD_SPLIT,
-                         FOLD_PREC, IDX64, PF_CK, PF_X, PF_B,
-                         PF_DT, PF_AHEAD, PF_TILE,
-                         ROUTE)
-            k += tl.num_programs(0)
-    else:
-        _tma_program(tl.program_id(0), tl.program_id(1),
+    if PDL == 1:  # the first of two launches: the second may start as soon as SMs free up (GPU only)
+        tl.extra.cuda.gdc_launch_dependents()
+    if PERSIST == 0:  # one program per (row, head block, P tile)
+        pid = tl.program_id(0)
+        _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1),
                      ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
                      x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
                      page_ptr, cu_ptr,
@@ -809,7 +816,100 @@ def _verify_tma_kernel(
                      GRAM16, READ16, DOT_PREC, FOLD_SPLIT,
                      FOLD_PREC, IDX64, PF_CK, PF_X, PF_B,
                      PF_DT, PF_AHEAD, PF_TILE,
-                     ROUTE)
+                     ROUTE, False)
+    else:
+        # a persistent grid over the route's rows (flush rows for ROUTE 2), ranked on the device: an empty route
+        # costs one pass over the cursors
+        ridx = tl.arange(0, BLOCK_ROWS)
+        mr = ridx < rows
+        pg = tl.load(page_ptr + ridx, mask=mr, other=0)
+        qv = tl.load(cu_ptr + ridx + 1, mask=mr, other=0) - tl.load(cu_ptr + ridx, mask=mr, other=0)
+        live = mr & (pg != 0) & (qv > 0)
+        cv = tl.load(nc_ptr + pg.to(tl.int64), mask=live, other=0)
+        sel = live & ((cv + qv > window) == (ROUTE == 2))
+        one = sel.to(tl.int32)
+        rank = tl.where(sel, tl.cumsum(one, axis=0) - one, -1)  # the route's rows in order; -1 the others
+        if PERSIST == 1:  # (row, head block, P tile) items dealt out round-robin
+            blocks = (H // HEADS) * NPT
+            items = tl.sum(one, axis=0) * blocks
+            k = tl.program_id(0)
+            while k < items:  # a while loop: the interpreter's range() takes no tensor bounds
+                r = tl.min(tl.where(rank == k // blocks, ridx, BLOCK_ROWS), axis=0)
+                pid = k % blocks
+                _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, r,
+                             ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
+                             x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
+                             page_ptr, cu_ptr,
+                             window, R, H, N,
+                             s_ck_pg, s_ck_h,
+                             s_xr_pg, s_xr_h, s_xr_r,
+                             s_Br_pg, s_Br_g, s_Br_r,
+                             s_dtr_pg, s_dtr_h, s_dtr_r,
+                             s_x_t, s_x_h,
+                             s_dt_t, s_dt_h,
+                             s_B_t, s_B_g,
+                             s_C_t, s_C_g,
+                             s_z_t, s_z_h,
+                             s_o_t, s_o_h,
+                             P, NPT, HPG, HEADS, HSTAGES,
+                             BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K,
+                             BLOCK_S,
+                             HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS,
+                             GRAM16, READ16, DOT_PREC, FOLD_SPLIT,
+                             FOLD_PREC, IDX64, PF_CK, PF_X, PF_B,
+                             PF_DT, PF_AHEAD, PF_TILE,
+                             ROUTE, False)
+                k += tl.num_programs(0)
+        else:  # PERSIST 2: each program streams an equal, contiguous share of the (row, P tile, head) items' cost,
+            # one group's heads at a time (a share ends on any head: no program waits on a longer block). ROUTE 0
+            # serves both routes in one launch: a flush row's head costs FLUSH_W / NONFLUSH_W of another's
+            per_row = NPT * H
+            if ROUTE == 0:
+                wr = tl.where(live, tl.where(cv + qv > window, FLUSH_W, NONFLUSH_W), 0)
+            else:
+                wr = one
+            start = tl.cumsum(wr, axis=0) - wr  # a row's first item's cost offset, in rows of weight 1
+            total = tl.sum(wr, axis=0).to(tl.int64) * per_row
+            pid = tl.program_id(0).to(tl.int64)
+            x = pid * total // tl.num_programs(0)
+            end = (pid + 1) * total // tl.num_programs(0)
+            while x < end:  # the items whose cost starts in [x, end): the row holding x, then the next
+                r = tl.max(tl.where((wr > 0) & (start.to(tl.int64) * per_row <= x), ridx, -1), axis=0)
+                w = tl.sum(tl.where(ridx == r, wr, 0), axis=0).to(tl.int64)
+                base = tl.sum(tl.where(ridx == r, start, 0), axis=0).to(tl.int64) * per_row
+                j = (x - base + w - 1) // w
+                j_end = tl.minimum((end - base + w - 1) // w, per_row)
+                pt = (j // H).to(tl.int32)
+                h = (j % H).to(tl.int32)
+                nh = tl.minimum(j_end - j, HPG - h % HPG).to(tl.int32)  # to the group's end or the share's
+                if nh > 0:
+                    _tma_program(pt, h, nh, r,
+                                 ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
+                                 x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
+                                 page_ptr, cu_ptr,
+                                 window, R, H, N,
+                                 s_ck_pg, s_ck_h,
+                                 s_xr_pg, s_xr_h, s_xr_r,
+                                 s_Br_pg, s_Br_g, s_Br_r,
+                                 s_dtr_pg, s_dtr_h, s_dtr_r,
+                                 s_x_t, s_x_h,
+                                 s_dt_t, s_dt_h,
+                                 s_B_t, s_B_g,
+                                 s_C_t, s_C_g,
+                                 s_z_t, s_z_h,
+                                 s_o_t, s_o_h,
+                                 P, NPT, HPG, HEADS, HSTAGES,
+                                 BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K,
+                                 BLOCK_S,
+                                 HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS,
+                                 GRAM16, READ16, DOT_PREC, FOLD_SPLIT,
+                                 FOLD_PREC, IDX64, PF_CK, PF_X, PF_B,
+                                 PF_DT, PF_AHEAD, PF_TILE,
+                                 ROUTE, True)
+                x = tl.where(nh > 0, base + (j + nh) * w, base + per_row * w)  # past the segment, or the row
+    if PDL == 2:  # the second launch ends only once the first has (its rows are disjoint: nothing to wait for
+        # before), so what follows both in the stream sees both launches' writes
+        tl.extra.cuda.gdc_wait()
 
 
 # -- materialize --------------------------------------------------------------------------
@@ -972,8 +1072,11 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     measured slower than the LDG kernel's), one head and 64 head-dim rows per program, registers
     capped at 96 (5 programs per SM); a grid of at most one program per SM (batch 1) instead runs
     uncapped with L2 prefetches (``L2PF`` 2: measured 4-11 % faster there, slower at batch 8, within
-    noise at 64-256 non-flush, 2-5 % faster on flush rows); a grid long enough for 15 programs per SM
-    when each takes a group's 16 heads (batch 256 at H=128) runs them in a 2-stage pipeline, uncapped,
+    noise at 64-256 non-flush, 2-5 % faster on flush rows); a grid of at least 48 heads per SM and at
+    most ``_STREAM_ROWS`` rows (batch 64-1024 at H=128) takes the route-split launches (``SPLIT`` 1,
+    ``STREAM`` 2, ``PDL`` 1: persistent programs streaming equal shares of each route's heads, the
+    non-flush launch at 3 programs per SM under a 168-register cap); longer grids with 15 programs per SM
+    when each takes a group's 16 heads run those heads in a 2-stage pipeline, uncapped,
     the next head's tile prefetched into L2 (``PFHEADS`` 1: 6 % faster on flush rows), flush rows folded
     from the shared-memory tile (measured 10 % faster non-flush, 1.5-4.5 % mixed there
     at T=2-8; slower mixed on shorter grids, where the flush rows' longer programs leave a tail); only as
@@ -996,6 +1099,15 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
             pipelined = tma_heads(H, G) == 16 and cfg["BLOCK_P"] * N * state_size == 32768
             if programs <= _num_sms(device):
                 cfg["L2PF"] = 2  # under one program per SM: latency-bound, the prefetches overlap the round trips
+            elif pipelined and programs >= 48 * _num_sms(device) and rows <= _STREAM_ROWS:
+                # batch >= 64 at H=128: the route-split launches. Non-flush rows: 3 persistent programs per SM
+                # (168 registers, one 32 KB tile buffer each) stream equal shares of the heads, the next head's
+                # tile prefetched into L2; flush rows: a second persistent launch, uncapped (the whole-tile fold),
+                # started early (PDL) to fill the first one's tail. Measured against the pipelined launch below
+                # at batch 256: 9 % faster non-flush, 4-5 % faster mixed; against the one-head launch at 64-128:
+                # 9-16 % faster non-flush, equal to 6 % faster mixed (session 9, runs 1-3). At batch 32 it was
+                # 6 % slower mixed, at 8 slower throughout
+                cfg.update(SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1)
             elif pipelined and programs // 16 >= 15 * _num_sms(device):
                 # a group's heads in a 2-stage pipeline, uncapped (2 programs per SM), flush rows folded from
                 # the shared-memory tile in one product. Only for long grids: a flush row's program runs about
@@ -1102,8 +1214,14 @@ def replay_verify(
             rings of the program's heads and the group's B ring; GPU only, a no-op in the interpreter),
             ``HEADS`` (TMA kernel only: heads of one group per program, divides H / G) in a software pipeline
             of ``HSTAGES`` tile buffers (a launch whose buffers overflow shared memory raises ConfigError),
-            ``PFHEADS`` (TMA kernel, HEADS > 1: each iteration prefetches the tile PFHEADS heads ahead into
-            L2; GPU only), ``num_warps``,
+            ``PFHEADS`` (TMA kernel, HEADS > 1 or STREAM: each iteration prefetches the tile PFHEADS heads ahead
+            into L2; GPU only), ``SPLIT`` (1: two launches, non-flush rows under the config's register cap, flush
+            rows uncapped in a persistent launch), ``SPLIT_HEADS`` (heads per item of that flush launch),
+            ``STREAM`` (persistent launches of ``PROGS`` programs per SM, each streaming an equal contiguous
+            share of the (row, P tile, head) items: 1 the non-flush launch with SPLIT, or both routes in one
+            launch without it, a flush row's heads weighted ``FLUSH_W`` / 4; 2 both SPLIT launches; at most
+            1,024 rows), ``PDL`` (1 with SPLIT, GPU only: the flush launch starts as the first launch's
+            programs exit and ends only after it), ``num_warps``,
             ``num_stages``, ``maxnreg`` (register cap, GPU only). Results agree to fp32/tf32 rounding
             across configs.
     Returns:
@@ -1173,19 +1291,36 @@ def replay_verify(
             raise ConfigError(f"config HEADS must divide the {HPG} heads per group, got {HEADS}")
         if HSTAGES < 1:
             raise ConfigError(f"config HSTAGES must be >= 1, got {HSTAGES}")
-        PFHEADS = cfg.get("PFHEADS", 0)
-        if PFHEADS < 0 or (PFHEADS and HEADS == 1):
-            raise ConfigError(f"config PFHEADS must be >= 0 and needs HEADS > 1, got {PFHEADS} with HEADS={HEADS}")
         SPLIT = cfg.get("SPLIT", 0)
         if SPLIT not in (0, 1):
             raise ConfigError(f"config SPLIT must be 0 or 1, got {SPLIT}")
         split_heads = cfg.get("SPLIT_HEADS", min(8, tma_heads(H, G)))
         if split_heads < 1 or HPG % split_heads:
             raise ConfigError(f"config SPLIT_HEADS must divide the {HPG} heads per group, got {split_heads}")
+        STREAM = cfg.get("STREAM", 0)
+        if STREAM not in (0, 1, 2) or (STREAM == 2 and not SPLIT):
+            raise ConfigError(f"config STREAM must be 0, 1 or 2 (2 with SPLIT=1), got {STREAM} with SPLIT={SPLIT}")
+        flush_w = cfg.get("FLUSH_W", 10)
+        if not 1 <= flush_w <= 64:
+            raise ConfigError(f"config FLUSH_W (a flush row's head cost, in quarters of another's) must be in "
+                              f"[1, 64], got {flush_w}")
+        PFHEADS = cfg.get("PFHEADS", 0)
+        if PFHEADS < 0 or (PFHEADS and HEADS == 1 and not STREAM):
+            raise ConfigError(f"config PFHEADS must be >= 0 and needs HEADS > 1 or STREAM, got {PFHEADS} with "
+                              f"HEADS={HEADS}")
+        progs = cfg.get("PROGS", 3)
+        if progs < 1:
+            raise ConfigError(f"config PROGS must be >= 1, got {progs}")
+        if STREAM and rows > _STREAM_ROWS:
+            raise ConfigError(f"config STREAM ranks the rows in registers: at most {_STREAM_ROWS} rows, got {rows}")
         desc = TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N])
         tile_bytes = BLOCK_P * N * checkpoint.element_size()  # one head's checkpoint tile
 
-        def launch(grid, heads, hstages, fold_n, pfheads, l2pf, launch_flags, route, persist):
+        pdl_on = bool(cfg.get("PDL", 0)) and SPLIT and _compiled(dev)
+        if cfg.get("PDL", 0) not in (0, 1) or (cfg.get("PDL", 0) and not SPLIT):
+            raise ConfigError(f"config PDL must be 0 or 1 (1 with SPLIT=1), got {cfg.get('PDL')}")
+
+        def launch(grid, heads, hstages, fold_n, pfheads, l2pf, launch_flags, route, persist, pdl=0):
             _verify_tma_kernel[grid](
                 rows, desc, checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, *step, window, R, H, N,
                 *strides, P=P, NPT=P // BLOCK_P, HPG=HPG, HEADS=heads, HSTAGES=hstages, BLOCK_P=BLOCK_P,
@@ -1194,18 +1329,28 @@ def replay_verify(
                 READ16=_compiled(dev) and checkpoint.dtype == C.dtype and checkpoint.element_size() == 2,
                 **_l2_prefetch(l2pf, tile_bytes, x_ring, B_ring, dt_ring, heads, dev),
                 PF_AHEAD=pfheads if _compiled(dev) else 0, PF_TILE=tile_bytes,
-                ROUTE=route, PERSIST=persist, BLOCK_ROWS=_pow2(rows) if persist else 16, **launch_flags,
+                ROUTE=route, PERSIST=persist, BLOCK_ROWS=_pow2(rows) if persist else 16, FLUSH_W=flush_w,
+                NONFLUSH_W=4, PDL=pdl, **launch_flags, **({"launch_pdl": True} if pdl == 2 else {}),
             )
 
+        sms = _num_sms(dev) if _compiled(dev) else 1
         try:  # a launch whose pipeline stages overflow shared memory fails before it runs: nothing is written
-            launch((H // HEADS * (P // BLOCK_P), rows), HEADS, HSTAGES,
-                   int(cfg.get("FOLD_N", 32 if _compiled(dev) else N)), PFHEADS, int(cfg.get("L2PF", 0)), flags,
-                   route=1 if SPLIT else 0, persist=False)
-            if SPLIT:  # flush rows: a persistent launch dealing (row, head block) items round-robin, uncapped
+            fold_n = int(cfg.get("FOLD_N", 32 if _compiled(dev) else N))
+            if STREAM:  # PROGS programs per SM, each streaming an equal share of the heads' cost (SPLIT: the
+                # non-flush rows' heads)
+                launch((progs * sms, 1), HEADS, 1, fold_n, PFHEADS, int(cfg.get("L2PF", 0)), flags,
+                       route=1 if SPLIT else 0, persist=2, pdl=1 if pdl_on else 0)
+            else:
+                launch((H // HEADS * (P // BLOCK_P), rows), HEADS, HSTAGES, fold_n, PFHEADS,
+                       int(cfg.get("L2PF", 0)), flags, route=1 if SPLIT else 0, persist=0, pdl=1 if pdl_on else 0)
+            if SPLIT:  # flush rows: a persistent launch, uncapped: (row, head block) items round-robin, or streamed
                 flush_flags = {k: v for k, v in flags.items() if k != "maxnreg"}
-                programs = 2 * _num_sms(dev) if _compiled(dev) else 3
-                launch((programs, 1), split_heads, 2 if split_heads > 1 else 1, N, 1 if split_heads > 1 else 0, 0,
-                       flush_flags, route=2, persist=True)
+                if STREAM == 2:
+                    launch((2 * sms if _compiled(dev) else 3, 1), split_heads, 1, N, 1, 0, flush_flags, route=2,
+                           persist=2, pdl=2 if pdl_on else 0)
+                else:
+                    launch((2 * sms if _compiled(dev) else 3, 1), split_heads, 2 if split_heads > 1 else 1, N,
+                           1 if split_heads > 1 else 0, 0, flush_flags, route=2, persist=1, pdl=2 if pdl_on else 0)
         except OutOfResources as exc:
             raise ConfigError(f"launch {cfg} does not fit this GPU ({exc}); use fewer HSTAGES or HEADS") from exc
         return out
@@ -1260,7 +1405,10 @@ def _l2_prefetch(level: int, tile_bytes: int, x_ring: Tensor, B_ring: Tensor, dt
 
 #: config keys :func:`replay_verify` accepts, and those that only the LDG / the TMA kernel reads
 _LDG_KEYS = frozenset({"HPP", "NC", "NS", "FUSE", "PREFETCH"})
-_TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES", "PFHEADS", "SPLIT", "SPLIT_HEADS"})
+_TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES", "PFHEADS", "SPLIT", "SPLIT_HEADS", "STREAM", "PROGS",
+                       "FLUSH_W", "PDL"})
+#: most rows a STREAM launch ranks (its rank vector lives in registers: BLOCK_ROWS / 128 per thread)
+_STREAM_ROWS = 1024
 _CONFIG_KEYS = _LDG_KEYS | _TMA_KEYS | {"KERNEL", "BLOCK_P", "FOLD_N", "num_warps", "num_stages", "maxnreg"}
 
 

@@ -17,7 +17,7 @@ if torch.cuda.is_available():
 
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig, StateManager
 from ssmstate.kernels import reference as ref
-from tests.test_triton_common import compare_verify, make_case, rel, run_verify, verify_args
+from tests.test_triton_common import POISON, compare_verify, make_case, rel, run_verify, verify_args
 
 DEV = "cuda"
 NEMO = dict(H=128, G=8, P=64, N=128)
@@ -54,6 +54,10 @@ def test_verify_nemotron(T, W, route, rows, n_pad):
                                  dict(KERNEL="tma", SPLIT=1, HEADS=8, HSTAGES=1, maxnreg=168, PFHEADS=1),
                                  dict(KERNEL="tma", SPLIT=1, SPLIT_HEADS=16, HEADS=16, HSTAGES=2, maxnreg=0),
                                  dict(KERNEL="tma", SPLIT=1, SPLIT_HEADS=1),
+                                 dict(KERNEL="tma", SPLIT=1, STREAM=1, maxnreg=168, PFHEADS=1),
+                                 dict(KERNEL="tma", SPLIT=1, STREAM=2, maxnreg=128, PROGS=4, PFHEADS=1, L2PF=1),
+                                 dict(KERNEL="tma", SPLIT=1, STREAM=1, PROGS=2, maxnreg=0),
+                                 dict(KERNEL="tma", SPLIT=1, HEADS=8, HSTAGES=1, maxnreg=168, PFHEADS=1, PDL=1),
                                  dict(KERNEL="tma", FOLD_N=64), dict(KERNEL="tma", BLOCK_P=32), dict(KERNEL="ldg", BLOCK_P=16),
                                  dict(KERNEL="ldg", BLOCK_P=32, num_warps=8), dict(KERNEL="ldg", num_stages=2),
                                  dict(KERNEL="ldg", BLOCK_P=64, FOLD_N=64), dict(HPP=16, PREFETCH=2),
@@ -65,6 +69,56 @@ def test_verify_configs(cfg):
     got = run_verify(trk.replay_verify, case, config=cfg)
     want = run_verify(ref.replay_verify, case)
     compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
+
+
+@pytest.mark.parametrize("route", ["mixed", "nonflush"])
+@pytest.mark.parametrize("cfg", [dict(KERNEL="tma", SPLIT=1, STREAM=1, maxnreg=168, PFHEADS=1),
+                                 dict(KERNEL="tma", SPLIT=1, STREAM=2, maxnreg=168, PFHEADS=1),
+                                 dict(KERNEL="tma", SPLIT=1, STREAM=1, maxnreg=168, PFHEADS=1, PDL=1),
+                                 dict(KERNEL="tma", SPLIT=1, STREAM=2, maxnreg=168, PFHEADS=1, PDL=1),
+                                 dict(KERNEL="tma", STREAM=1, maxnreg=168, PFHEADS=1, FOLD_N=32),
+                                 dict(KERNEL="tma", STREAM=1, maxnreg=0, PROGS=2, PFHEADS=1, FOLD_N=128, FLUSH_W=14)],
+                         ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_verify_stream_batch64(cfg, route):
+    """``STREAM`` at batch 64: every one of 396 programs' shares spans rows and groups (20-21 heads each)."""
+    gen = torch.Generator().manual_seed(64)
+    case = make_case(gen, DEV, pages=70, W=16, T=4, rows=64, n_pad=2, route=route, act_dtype=torch.bfloat16,
+                     **NEMO)
+    got = run_verify(trk.replay_verify, case, config=cfg)
+    want = run_verify(ref.replay_verify, case)
+    compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
+
+
+@pytest.mark.parametrize("cfg", [dict(KERNEL="tma", SPLIT=1, STREAM=1, maxnreg=168, PFHEADS=1, PDL=1),
+                                 dict(KERNEL="tma", SPLIT=1, STREAM=2, maxnreg=168, PFHEADS=1, PDL=1)],
+                         ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_verify_pdl_in_graph_then_consumer(cfg):
+    """``PDL``: the flush launch overlaps the non-flush one; captured in a CUDA graph with copies of the output and
+    the checkpoint right after, which must see both launches' writes (the flush launch ends only after the first)."""
+    gen = torch.Generator().manual_seed(3)
+    case = make_case(gen, DEV, pages=70, W=16, T=4, rows=64, n_pad=2, route="mixed", act_dtype=torch.bfloat16,
+                     **NEMO)
+    want = run_verify(ref.replay_verify, case)
+    st = {k: v.clone() for k, v in case["state"].items()}
+    out = torch.empty_like(case["x"])
+    out_seen, ck_seen = torch.empty_like(out), torch.empty_like(st["checkpoint"])
+    args = verify_args(case, st)
+    trk.replay_verify(*args, out, D=case["D"], dt_bias=case["dt_bias"], z=case["z"], config=cfg)  # compile
+    torch.cuda.synchronize()
+    fresh = {k: v.clone() for k, v in case["state"].items()}
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        trk.replay_verify(*args, out, D=case["D"], dt_bias=case["dt_bias"], z=case["z"], config=cfg)
+        out_seen.copy_(out)
+        ck_seen.copy_(st["checkpoint"])
+    for _ in range(3):  # each replay from the same starting state
+        for k in st:
+            st[k].copy_(fresh[k])
+        out.fill_(POISON)
+        graph.replay()
+        torch.cuda.synchronize()
+        got_state = dict(st, checkpoint=ck_seen)
+        compare_verify(case, (got_state, out_seen), want, out_tol=1e-2, state_tol=1e-5)
 
 
 def test_verify_config_over_shared_memory_is_a_config_error():
