@@ -637,33 +637,21 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
 
 @triton.jit
 def _tma_program(
-    pt, h0_32, nh, row,
-    ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
-    page_ptr, cu_ptr,
-    window, R, H, N,
-    s_ck_pg, s_ck_h,
-    s_xr_pg, s_xr_h, s_xr_r,
-    s_Br_pg, s_Br_g, s_Br_r,
-    s_dtr_pg, s_dtr_h, s_dtr_r,
-    s_x_t, s_x_h,
-    s_dt_t, s_dt_h,
-    s_B_t, s_B_g,
-    s_C_t, s_C_g,
-    s_z_t, s_z_h,
-    s_o_t, s_o_h,
+    pt, h0_32, nh, row, rt,
     P: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr, HEADS: tl.constexpr, HSTAGES: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
-    PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
-    ROUTE: tl.constexpr, DYN: tl.constexpr,
+    PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr, ROUTE: tl.constexpr, DYN: tl.constexpr,
 ):
     """One program's work of the TMA verify kernel: row ``row``, P tile ``pt``, the ``HEADS`` heads of one group
     from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
     rows, 2 only flush rows (the others exit after their cursor)."""
+    (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
+     out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg, s_Br_g, s_Br_r,
+     s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t, s_z_h, s_o_t,
+     s_o_h) = rt
     page32 = tl.load(page_ptr + row)
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
@@ -790,33 +778,19 @@ def _verify_tma_kernel(
     ROUTE: tl.constexpr, PERSIST: tl.constexpr, BLOCK_ROWS: tl.constexpr, FLUSH_W: tl.constexpr,
     NONFLUSH_W: tl.constexpr, PDL: tl.constexpr,
 ):
+    # what every program passes on but the constants (a tuple's constants would lose their constexpr type)
+    rt = (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr,
+          z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg, s_Br_g,
+          s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t, s_z_h,
+          s_o_t, s_o_h)
     if PDL == 1:  # the first of two launches: the second may start as soon as SMs free up (GPU only)
         tl.extra.cuda.gdc_launch_dependents()
     if PERSIST == 0:  # one program per (row, head block, P tile)
         pid = tl.program_id(0)
-        _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1),
-                     ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
-                     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
-                     page_ptr, cu_ptr,
-                     window, R, H, N,
-                     s_ck_pg, s_ck_h,
-                     s_xr_pg, s_xr_h, s_xr_r,
-                     s_Br_pg, s_Br_g, s_Br_r,
-                     s_dtr_pg, s_dtr_h, s_dtr_r,
-                     s_x_t, s_x_h,
-                     s_dt_t, s_dt_h,
-                     s_B_t, s_B_g,
-                     s_C_t, s_C_g,
-                     s_z_t, s_z_h,
-                     s_o_t, s_o_h,
-                     P, NPT, HPG, HEADS, HSTAGES,
-                     BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K,
-                     BLOCK_S,
-                     HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS,
-                     GRAM16, READ16, DOT_PREC, FOLD_SPLIT,
-                     FOLD_PREC, IDX64, PF_CK, PF_X, PF_B,
-                     PF_DT, PF_AHEAD, PF_TILE,
-                     ROUTE, False)
+        _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt,
+                     P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
+                     DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
+                     PF_AHEAD, PF_TILE, ROUTE, False)
     else:
         # a persistent grid over the route's rows (flush rows for ROUTE 2), ranked on the device: an empty route
         # costs one pass over the cursors
@@ -836,29 +810,10 @@ def _verify_tma_kernel(
             while k < items:  # a while loop: the interpreter's range() takes no tensor bounds
                 r = tl.min(tl.where(rank == k // blocks, ridx, BLOCK_ROWS), axis=0)
                 pid = k % blocks
-                _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, r,
-                             ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
-                             x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
-                             page_ptr, cu_ptr,
-                             window, R, H, N,
-                             s_ck_pg, s_ck_h,
-                             s_xr_pg, s_xr_h, s_xr_r,
-                             s_Br_pg, s_Br_g, s_Br_r,
-                             s_dtr_pg, s_dtr_h, s_dtr_r,
-                             s_x_t, s_x_h,
-                             s_dt_t, s_dt_h,
-                             s_B_t, s_B_g,
-                             s_C_t, s_C_g,
-                             s_z_t, s_z_h,
-                             s_o_t, s_o_h,
-                             P, NPT, HPG, HEADS, HSTAGES,
-                             BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K,
-                             BLOCK_S,
-                             HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS,
-                             GRAM16, READ16, DOT_PREC, FOLD_SPLIT,
-                             FOLD_PREC, IDX64, PF_CK, PF_X, PF_B,
-                             PF_DT, PF_AHEAD, PF_TILE,
-                             ROUTE, False)
+                _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, r, rt,
+                             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
+                             DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
+                             PF_AHEAD, PF_TILE, ROUTE, False)
                 k += tl.num_programs(0)
         else:  # PERSIST 2: each program streams an equal, contiguous share of the (row, P tile, head) items' cost,
             # one group's heads at a time (a share ends on any head: no program waits on a longer block). ROUTE 0
@@ -883,29 +838,10 @@ def _verify_tma_kernel(
                 h = (j % H).to(tl.int32)
                 nh = tl.minimum(j_end - j, HPG - h % HPG).to(tl.int32)  # to the group's end or the share's
                 if nh > 0:
-                    _tma_program(pt, h, nh, r,
-                                 ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
-                                 x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
-                                 page_ptr, cu_ptr,
-                                 window, R, H, N,
-                                 s_ck_pg, s_ck_h,
-                                 s_xr_pg, s_xr_h, s_xr_r,
-                                 s_Br_pg, s_Br_g, s_Br_r,
-                                 s_dtr_pg, s_dtr_h, s_dtr_r,
-                                 s_x_t, s_x_h,
-                                 s_dt_t, s_dt_h,
-                                 s_B_t, s_B_g,
-                                 s_C_t, s_C_g,
-                                 s_z_t, s_z_h,
-                                 s_o_t, s_o_h,
-                                 P, NPT, HPG, HEADS, HSTAGES,
-                                 BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K,
-                                 BLOCK_S,
-                                 HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS,
-                                 GRAM16, READ16, DOT_PREC, FOLD_SPLIT,
-                                 FOLD_PREC, IDX64, PF_CK, PF_X, PF_B,
-                                 PF_DT, PF_AHEAD, PF_TILE,
-                                 ROUTE, True)
+                    _tma_program(pt, h, nh, r, rt,
+                                 P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
+                                 DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
+                                 PF_AHEAD, PF_TILE, ROUTE, True)
                 x = tl.where(nh > 0, base + (j + nh) * w, base + per_row * w)  # past the segment, or the row
     if PDL == 2:  # the second launch ends only once the first has (its rows are disjoint: nothing to wait for
         # before), so what follows both in the stream sees both launches' writes
