@@ -444,7 +444,24 @@ def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
                      ((256, 128, 64, 256, 20, 4, cuda, 8), {})):
         assert not {"HEADS", "STREAM"} & set(trk.verify_config(*args, **kw))
     assert [trk.tma_heads(H, G) for H, G in ((128, 8), (128, 1), (24, 8), (48, 2), (8, 8))] == [16, 16, 1, 8, 1]
+    for rows in (1, 32, 256, 2048):  # a caller's launch shape: the base launch, none of the heuristic's shape keys
+        assert trk.verify_config(rows, 128, 64, 128, 20, 4, cuda, 8, shape=False) == {
+            "KERNEL": "tma", "BLOCK_P": 64, "num_warps": 4, "num_stages": 1, "FOLD_N": 32}
     assert trk.verify_config(1, 128, 64, 128, 40, 8, cuda, 8)["KERNEL"] == "ldg"
+
+
+def test_verify_config_with_a_launch_shape_drops_the_heuristic_shape(monkeypatch):
+    """A config naming HEADS, HSTAGES, SPLIT or STREAM asks the heuristic for the base launch only (so, at batch
+    256 on the GPU, ``{"HEADS": 8}`` is not streamed nor capped); other configs get the full heuristic."""
+    seen = []
+    real = trk.verify_config
+    monkeypatch.setattr(trk, "verify_config", lambda *a, **kw: seen.append(kw["shape"]) or real(*a, **kw))
+    gen = torch.Generator().manual_seed(2)
+    case = make_case(gen, "cpu", pages=4, H=4, G=2, P=16, N=16, W=8, T=2, rows=2, n_pad=0)
+    for cfg in ({"KERNEL": "tma", "HEADS": 2}, {"KERNEL": "tma", "HSTAGES": 2}, {"KERNEL": "tma", "SPLIT": 1},
+                {"KERNEL": "tma", "STREAM": 1}, {"KERNEL": "tma"}, {"KERNEL": "tma", "FOLD_N": 8}, {}):
+        run_verify(trk.replay_verify, case, config=cfg)
+    assert seen == [False, False, False, False, True, True, True]
 
 
 @pytest.mark.parametrize("cfg", [{"KERNEL": "tma"}, {"KERNEL": "tma", "BLOCK_P": 16}, {"KERNEL": "tma", "FOLD_N": 8},

@@ -1000,8 +1000,12 @@ def tma_supported(checkpoint: Tensor, block_p: int) -> bool:
 
 
 def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: torch.device,
-                  G: int = 1, kernel: str | None = None, state_size: int = 4) -> dict[str, Any]:
+                  G: int = 1, kernel: str | None = None, state_size: int = 4, shape: bool = True) -> dict[str, Any]:
     """Launch heuristic for :func:`replay_verify` (no autotuning: the interpreter cannot run it).
+
+    ``shape=False``: the TMA kernel's base launch only (one head per program, uncapped), for a caller that
+    chooses the launch shape itself (a config naming ``HEADS``, ``HSTAGES``, ``SPLIT`` or ``STREAM``), so that
+    none of the heuristic's shape keys (its register cap, L2 prefetches, heads, streams) leak into it.
 
     ``kernel``: "tma" or "ldg", or None to choose: the TMA kernel wherever the geometry allows
     (:func:`tma_block_p`) and, on the GPU, the ring has at most 32 rows (its 64-row sequence tile
@@ -1029,7 +1033,7 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
         kernel = "tma" if block_tma and (_pow2(R) <= 32 or not _compiled(device)) else "ldg"
     if kernel == "tma":
         cfg = {"KERNEL": "tma", "BLOCK_P": block_tma or 64, "num_warps": 4, "num_stages": 1, "FOLD_N": 32}
-        if _compiled(device) and _pow2(R) <= 32:
+        if shape and _compiled(device) and _pow2(R) <= 32:
             programs = rows * H * (P // cfg["BLOCK_P"])
             # the pipelined launch only as measured: 16 heads per program, 32 KB tiles (fp32, 64 x 128)
             pipelined = tma_heads(H, G) == 16 and cfg["BLOCK_P"] * N * state_size == 32768
@@ -1139,7 +1143,9 @@ def replay_verify(
         D: (H,) skip or None. dt_bias: (H,) or None. z: (tokens, H, P) gate or None.
         Every tensor with a P or N dimension must be contiguous in it (stride 1).
         max_seqlen: longest row (<= 16); defaults to ``R - window`` (= T on the layout).
-        config: launch override (see :func:`verify_config`), keys: ``KERNEL`` ("tma" or "ldg"; default: TMA
+        config: launch override (see :func:`verify_config`): its keys replace the heuristic's, and a config that
+            names ``HEADS``, ``HSTAGES``, ``SPLIT`` or ``STREAM`` starts from the base launch instead (none of
+            the heuristic's register cap, prefetches, heads or streams). Keys: ``KERNEL`` ("tma" or "ldg"; default: TMA
             where :func:`tma_block_p` allows and the ring has at most 32 rows; keys of the LDG kernel only,
             ``HPP``, ``NC``, ``NS``, ``FUSE``, ``PREFETCH``, select it), ``HPP`` heads of one group per program
             (divides H / G), ``BLOCK_P`` head-dim rows per program, ``NC`` (0: whole checkpoint tile; a power
@@ -1187,7 +1193,8 @@ def replay_verify(
     tma_keys = sorted(set(config) & _TMA_KEYS)
     if kernel == "ldg" and tma_keys:
         raise ConfigError(f"config keys {tma_keys} apply to the TMA kernel only (KERNEL='tma')")
-    cfg = verify_config(rows, H, P, N, R, T, dev, G, kernel=kernel, state_size=checkpoint.element_size())
+    cfg = verify_config(rows, H, P, N, R, T, dev, G, kernel=kernel, state_size=checkpoint.element_size(),
+                        shape=not set(config) & _SHAPE_KEYS)
     cfg.update(config)
     for key in _CONFIG_KEYS - {"KERNEL", "FUSE"}:  # every other key is an int
         if key in cfg and (isinstance(cfg[key], bool) or not isinstance(cfg[key], int)):
@@ -1345,6 +1352,8 @@ _TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES", "PFHEADS", "SPLIT", "SPLIT_HE
                        "FLUSH_W", "PDL"})
 #: most rows a STREAM launch ranks (its rank vector lives in registers: BLOCK_ROWS / 128 per thread)
 _STREAM_ROWS = 1024
+#: TMA keys that choose the launch shape: a config naming one gets none of the heuristic's shape keys
+_SHAPE_KEYS = frozenset({"HEADS", "HSTAGES", "SPLIT", "STREAM"})
 _CONFIG_KEYS = _LDG_KEYS | _TMA_KEYS | {"KERNEL", "BLOCK_P", "FOLD_N", "num_warps", "num_stages", "maxnreg"}
 
 
