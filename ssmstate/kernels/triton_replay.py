@@ -648,10 +648,10 @@ def _tma_program(
     """One program's work of the TMA verify kernel: row ``row``, P tile ``pt``, the ``HEADS`` heads of one group
     from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
     rows, 2 only flush rows (the others exit after their cursor)."""
-    (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
-     out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg, s_Br_g, s_Br_r,
-     s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t, s_z_h, s_o_t,
-     s_o_h) = rt
+    (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr,
+     z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg, s_Br_g,
+     s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t, s_z_h,
+     s_o_t, s_o_h) = rt
     page32 = tl.load(page_ptr + row)
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
@@ -788,9 +788,9 @@ def _verify_tma_kernel(
     if PERSIST == 0:  # one program per (row, head block, P tile)
         pid = tl.program_id(0)
         _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt,
-                     P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
-                     DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                     PF_AHEAD, PF_TILE, ROUTE, False)
+            P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
+            DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD,
+            PF_TILE, ROUTE, False)
     else:
         # a persistent grid over the route's rows (flush rows for ROUTE 2), ranked on the device: an empty route
         # costs one pass over the cursors
@@ -811,9 +811,9 @@ def _verify_tma_kernel(
                 r = tl.min(tl.where(rank == k // blocks, ridx, BLOCK_ROWS), axis=0)
                 pid = k % blocks
                 _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, r, rt,
-                             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
-                             DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                             PF_AHEAD, PF_TILE, ROUTE, False)
+                    P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
+                    DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
+                    PF_AHEAD, PF_TILE, ROUTE, False)
                 k += tl.num_programs(0)
         else:  # PERSIST 2: each program streams an equal, contiguous share of the (row, P tile, head) items' cost,
             # one group's heads at a time (a share ends on any head: no program waits on a longer block). ROUTE 0
@@ -839,9 +839,9 @@ def _verify_tma_kernel(
                 nh = tl.minimum(j_end - j, HPG - h % HPG).to(tl.int32)  # to the group's end or the share's
                 if nh > 0:
                     _tma_program(pt, h, nh, r, rt,
-                                 P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
-                                 DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                                 PF_AHEAD, PF_TILE, ROUTE, True)
+                        P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
+                        DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
+                        PF_AHEAD, PF_TILE, ROUTE, True)
                 x = tl.where(nh > 0, base + (j + nh) * w, base + per_row * w)  # past the segment, or the row
     if PDL == 2:  # the second launch ends only once the first has (its rows are disjoint: nothing to wait for
         # before), so what follows both in the stream sees both launches' writes
@@ -1277,7 +1277,10 @@ def replay_verify(
             )
 
         sms = _num_sms(dev) if _compiled(dev) else 1
-        try:  # a launch whose pipeline stages overflow shared memory fails before it runs: nothing is written
+        # a launch whose pipeline stages overflow shared memory fails before it runs. With SPLIT the flush launch
+        # (two 64 x N fp32 tiles at most: within Hopper's 227 KB for N <= 256) could only fail after the first
+        # launch ran, which writes outputs and ring rows past the committed ones, never a cursor or a checkpoint
+        try:
             fold_n = int(cfg.get("FOLD_N", 32 if _compiled(dev) else N))
             if STREAM:  # PROGS programs per SM, each streaming an equal share of the heads' cost (SPLIT: the
                 # non-flush rows' heads)
