@@ -710,30 +710,17 @@ def _tma_program(
         diag = (kk[:, None] == pos[None, :]) & ms[None, :]
         CwT = tl.trans(Cw) if READ16 else tl.trans(Cw.to(tl.float32))  # the readout's operand, for every head
         flush = c + q > window
-        # three calls, one per constexpr mode: a static loop over the modes compiled to a different build (200 more
-        # instructions, 255 registers), not the one measured
-        if ROUTE == 1 and (HEADS > 1 or DYN):  # non-flush rows only: the loop without fold code
+        # the fold mode as a constant where it is known at compile time (one route's rows; one head deciding inside
+        # its loop), else one call per route so each loop body holds only its own values: a static loop over the
+        # modes compiled to a different build (200 more instructions, 255 registers), not the one measured
+        if ROUTE != 0 or (HEADS == 1 and not DYN):
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                        s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 0, PF_AHEAD, PF_TILE, DYN)
-        elif ROUTE == 2 and (HEADS > 1 or DYN):  # flush rows only
-            _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
-                       nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
-                       s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
-                       is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
-                       BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 1, PF_AHEAD, PF_TILE, DYN)
-        elif HEADS == 1 and not DYN:  # one loop, the flush decided inside (one head: nothing to keep across iterations)
-            _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
-                       nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
-                       s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
-                       is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
-                       BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 2, PF_AHEAD, PF_TILE, DYN)
-        elif flush:  # several heads: flush rows and the others run separate loops, each with only its own values
+                       IDX64, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN)
+        elif flush:
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                        s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
@@ -747,8 +734,6 @@ def _tma_program(
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
                        IDX64, 0, PF_AHEAD, PF_TILE, DYN)
-
-
 
 
 @triton.jit
@@ -802,8 +787,8 @@ def _verify_tma_kernel(
         cv = tl.load(nc_ptr + pg.to(tl.int64), mask=live, other=0)
         sel = live & ((cv + qv > window) == (ROUTE == 2))
         one = sel.to(tl.int32)
-        rank = tl.where(sel, tl.cumsum(one, axis=0) - one, -1)  # the route's rows in order; -1 the others
         if PERSIST == 1:  # (row, head block, P tile) items dealt out round-robin
+            rank = tl.where(sel, tl.cumsum(one, axis=0) - one, -1)  # the route's rows in order; -1 the others
             blocks = (H // HEADS) * NPT
             items = tl.sum(one, axis=0) * blocks
             k = tl.program_id(0)
@@ -1256,12 +1241,12 @@ def replay_verify(
             raise ConfigError(f"config PROGS must be >= 1, got {progs}")
         if STREAM and rows > _STREAM_ROWS:
             raise ConfigError(f"config STREAM ranks the rows in registers: at most {_STREAM_ROWS} rows, got {rows}")
+        PDL = cfg.get("PDL", 0)
+        if PDL not in (0, 1) or (PDL and not SPLIT):
+            raise ConfigError(f"config PDL must be 0 or 1 (1 with SPLIT=1), got {PDL}")
+        pdl_on = bool(PDL) and _compiled(dev)
         desc = TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N])
         tile_bytes = BLOCK_P * N * checkpoint.element_size()  # one head's checkpoint tile
-
-        pdl_on = bool(cfg.get("PDL", 0)) and SPLIT and _compiled(dev)
-        if cfg.get("PDL", 0) not in (0, 1) or (cfg.get("PDL", 0) and not SPLIT):
-            raise ConfigError(f"config PDL must be 0 or 1 (1 with SPLIT=1), got {cfg.get('PDL')}")
 
         def launch(grid, heads, hstages, fold_n, pfheads, l2pf, launch_flags, route, persist, pdl=0):
             _verify_tma_kernel[grid](
@@ -1291,12 +1276,13 @@ def replay_verify(
                        int(cfg.get("L2PF", 0)), flags, route=1 if SPLIT else 0, persist=0, pdl=1 if pdl_on else 0)
             if SPLIT:  # flush rows: a persistent launch, uncapped: (row, head block) items round-robin, or streamed
                 flush_flags = {k: v for k, v in flags.items() if k != "maxnreg"}
+                flush_grid = (2 * sms if _compiled(dev) else 3, 1)
                 if STREAM == 2:
-                    launch((2 * sms if _compiled(dev) else 3, 1), split_heads, 1, N, 1, 0, flush_flags, route=2,
-                           persist=2, pdl=2 if pdl_on else 0)
+                    launch(flush_grid, split_heads, 1, N, 1, 0, flush_flags, route=2, persist=2,
+                           pdl=2 if pdl_on else 0)
                 else:
-                    launch((2 * sms if _compiled(dev) else 3, 1), split_heads, 2 if split_heads > 1 else 1, N,
-                           1 if split_heads > 1 else 0, 0, flush_flags, route=2, persist=1, pdl=2 if pdl_on else 0)
+                    launch(flush_grid, split_heads, 2 if split_heads > 1 else 1, N, 1 if split_heads > 1 else 0, 0,
+                           flush_flags, route=2, persist=1, pdl=2 if pdl_on else 0)
         except OutOfResources as exc:
             raise ConfigError(f"launch {cfg} does not fit this GPU ({exc}); use fewer HSTAGES or HEADS") from exc
         return out
