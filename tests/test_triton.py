@@ -518,7 +518,9 @@ def test_tma_split_launch(route):
                 {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 1, "PROGS": 5, "SPLIT_HEADS": 4},
                 {"KERNEL": "tma", "BLOCK_P": 32, "SPLIT": 1, "STREAM": 2, "PROGS": 3, "SPLIT_HEADS": 2, "PDL": 1},
                 {"KERNEL": "tma", "BLOCK_P": 16, "STREAM": 1, "PROGS": 7, "FOLD_N": 8},
-                {"KERNEL": "tma", "BLOCK_P": 32, "STREAM": 1, "PROGS": 4, "FLUSH_W": 3}):
+                {"KERNEL": "tma", "BLOCK_P": 32, "STREAM": 1, "PROGS": 4, "FLUSH_W": 3},
+                {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 5},
+                {"KERNEL": "tma", "BLOCK_P": 32, "SPLIT": 1, "STREAM": 1, "PROGS": 7}):
         compare_verify(case, run_verify(trk.replay_verify, case, config=cfg), want, out_tol=TOL[torch.bfloat16],
                        state_tol=TOL[torch.float32])
 
@@ -554,5 +556,23 @@ def test_tma_kernel_rejects_what_it_cannot_run():
                        ({"L2PF": 1}, "TMA kernel only")):
         with pytest.raises(ValueError, match=match):
             trk.replay_verify(*verify_args(case), out, config=bad)
+    assert all(torch.equal(before[k], case["state"][k]) for k in before)
+    assert bool((out == 7.0).all())
+
+
+def test_verify_trace_needs_the_gpu_tma_kernel():
+    """``trace`` (inline-PTX timer stamps) runs only in the GPU build of the TMA kernel: anywhere else a clear error
+    before anything is written; so is a buffer of the wrong shape."""
+    from ssmstate.errors import ShapeError
+    case = make_case(torch.Generator().manual_seed(2), "cpu", pages=4, H=2, G=1, P=16, N=16, W=8, T=2, rows=2,
+                     n_pad=0)
+    before = {k: v.clone() for k, v in case["state"].items()}
+    out = torch.full_like(case["x"], 7.0)
+    for trace, cfg, err, match in ((torch.zeros(2, 8, 32, 2, dtype=torch.int64), None, ShapeError, "on the GPU"),
+                                   (torch.zeros(2, 8, 32, dtype=torch.int64), None, ShapeError, "int64 tensor"),
+                                   (torch.zeros(2, 8, 32, 2, dtype=torch.int64), {"KERNEL": "ldg"}, ConfigError,
+                                    "TMA kernel only")):
+        with pytest.raises(err, match=match):
+            trk.replay_verify(*verify_args(case), out, trace=trace, config=cfg)
     assert all(torch.equal(before[k], case["state"][k]) for k in before)
     assert bool((out == 7.0).all())

@@ -56,6 +56,12 @@ Tensor = torch.Tensor
 #: the kernels are decorated (module import).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
+#: the TMA kernel's diagnostics trace (``replay_verify(trace=...)``): int64 stamps per program, and the segments
+#: (a row's run of heads) whose stamps it keeps (later ones share the last slots)
+_TRACE_SLOTS: tl.constexpr = tl.constexpr(32)
+_TRACE_SEGS: tl.constexpr = tl.constexpr(5)
+
+
 
 # -- shared device helpers ----------------------------------------------------------------
 
@@ -106,6 +112,20 @@ def _prefetch_l2(addr, nbytes):
         "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
         "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
         "=r,l,r", [addr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _stamp(trace, slot, dep, TRACE: tl.constexpr):
+    """Diagnostics (``TRACE``): store ``%globaltimer`` (ns; comparable across SMs, coarse on some GPUs) and the SM's
+    ``%clock64`` (cycles) at ``trace[slot]`` once ``dep`` (an int32 scalar the stamp waits for) is known. GPU only
+    (inline PTX); nothing is emitted without ``TRACE``."""
+    if TRACE:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer; // $1", "=l,r", [dep], dtype=tl.int64,
+                                      is_pure=False, pack=1)
+        k = tl.inline_asm_elementwise("mov.u64 $0, %clock64; // $1", "=l,r", [dep], dtype=tl.int64,
+                                      is_pure=False, pack=1)
+        tl.store(trace + 2 * slot, t)
+        tl.store(trace + 2 * slot + 1, k)
 
 
 @triton.jit
@@ -474,7 +494,7 @@ def _replay_verify_kernel(
 # rows ranked on the device: round-robin (row, head block) items, or (STREAM) an equal contiguous share of
 # the heads per program, walked one group's heads at a time in a loop with a runtime count (§11). SPLIT runs
 # the two routes as two launches, each built for its own register budget; PDL lets the second start while
-# the first drains.
+# the first drains. TRACE (replay_verify's ``trace``) stamps each program's phases with the GPU's timers (§12).
 
 
 @triton.jit
@@ -637,21 +657,25 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
 
 @triton.jit
 def _tma_program(
-    pt, h0_32, nh, row, rt,
+    pt, h0_32, nh, row, rt, trace, slot,
     P: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr, HEADS: tl.constexpr, HSTAGES: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr, ROUTE: tl.constexpr, DYN: tl.constexpr,
+    TRACE: tl.constexpr,
 ):
     """One program's work of the TMA verify kernel: row ``row``, P tile ``pt``, the ``HEADS`` heads of one group
     from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
-    rows, 2 only flush rows (the others exit after their cursor)."""
+    rows, 2 only flush rows (the others exit after their cursor). ``TRACE``: stamps at ``trace[slot .. slot + 3]``:
+    the segment's start, its cursors known, its Gram done, its heads done (:func:`_stamp`), and at ``slot + 4`` its
+    head count."""
     (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr,
      z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg, s_Br_g,
      s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t, s_z_h,
      s_o_t, s_o_h) = rt
+    _stamp(trace, slot, row, TRACE)
     page32 = tl.load(page_ptr + row)
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
@@ -688,6 +712,7 @@ def _tma_program(
         Cw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :], mask=ms[:, None], other=0.0)
         c = tl.load(nc_ptr + page)
         rs = tl.load(rs_ptr + page)
+        _stamp(trace, slot + 1, c + rs, TRACE)
         is_hist = kk < c
         is_new = (kk >= c) & (kk < c + q)
         is_seq = kk < c + q
@@ -705,6 +730,8 @@ def _tma_program(
             Gm = tl.dot(B_raw.to(tl.float32), tl.trans(Cw.to(tl.float32)), input_precision=DOT_PREC)
         if (pt == 0) & (h0 % HPG == 0):  # the group's first program appends the window's B rows to the ring
             tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], B_raw, mask=is_new[:, None])
+        if TRACE:
+            _stamp(trace, slot + 2, tl.sum(tl.sum(Gm, axis=1), axis=0).to(tl.int32, bitcast=True), TRACE)
         pos = c + ss
         causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
         diag = (kk[:, None] == pos[None, :]) & ms[None, :]
@@ -734,6 +761,9 @@ def _tma_program(
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
                        IDX64, 0, PF_AHEAD, PF_TILE, DYN)
+        _stamp(trace, slot + 3, nh, TRACE)
+        if TRACE:
+            tl.store(trace + 2 * (slot + 4), nh)
 
 
 @triton.jit
@@ -753,6 +783,7 @@ def _verify_tma_kernel(
     s_C_t, s_C_g,
     s_z_t, s_z_h,
     s_o_t, s_o_h,
+    trace_ptr,
     P: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr, HEADS: tl.constexpr, HSTAGES: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -761,21 +792,26 @@ def _verify_tma_kernel(
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
     ROUTE: tl.constexpr, PERSIST: tl.constexpr, BLOCK_ROWS: tl.constexpr, FLUSH_W: tl.constexpr,
-    NONFLUSH_W: tl.constexpr, PDL: tl.constexpr,
+    NONFLUSH_W: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr,
 ):
     # what every program passes on but the constants (a tuple's constants would lose their constexpr type)
     rt = (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr,
           z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg, s_Br_g,
           s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t, s_z_h,
           s_o_t, s_o_h)
+    # TRACE: this program's _TRACE_SLOTS stamps: its start, (persistent) its rows ranked, 5 per segment (the first
+    # _TRACE_SEGS; _tma_program), its segment count and its end
+    trace = trace_ptr + (tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)) * (2 * _TRACE_SLOTS)
+    _stamp(trace, 0, tl.program_id(0), TRACE)
     if PDL == 1:  # the first of two launches: the second may start as soon as SMs free up (GPU only)
         tl.extra.cuda.gdc_launch_dependents()
     if PERSIST == 0:  # one program per (row, head block, P tile)
         pid = tl.program_id(0)
-        _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt,
+        _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt, trace, 2,
             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
             DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD,
-            PF_TILE, ROUTE, False)
+            PF_TILE, ROUTE, False, TRACE)
+        segs = 1
     else:
         # a persistent grid over the route's rows (flush rows for ROUTE 2), ranked on the device: an empty route
         # costs one pass over the cursors
@@ -787,6 +823,8 @@ def _verify_tma_kernel(
         cv = tl.load(nc_ptr + pg.to(tl.int64), mask=live, other=0)
         sel = live & ((cv + qv > window) == (ROUTE == 2))
         one = sel.to(tl.int32)
+        _stamp(trace, 1, tl.sum(one, axis=0), TRACE)
+        segs = 0
         if PERSIST == 1:  # (row, head block, P tile) items dealt out round-robin
             rank = tl.where(sel, tl.cumsum(one, axis=0) - one, -1)  # the route's rows in order; -1 the others
             blocks = (H // HEADS) * NPT
@@ -795,42 +833,66 @@ def _verify_tma_kernel(
             while k < items:  # a while loop: the interpreter's range() takes no tensor bounds
                 r = tl.min(tl.where(rank == k // blocks, ridx, BLOCK_ROWS), axis=0)
                 pid = k % blocks
-                _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, r, rt,
+                _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, r, rt, trace,
+                    2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                     P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                     DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                    PF_AHEAD, PF_TILE, ROUTE, False)
+                    PF_AHEAD, PF_TILE, ROUTE, False, TRACE)
+                segs += 1
                 k += tl.num_programs(0)
         else:  # PERSIST 2: each program streams an equal, contiguous share of the (row, P tile, head) items' cost,
-            # one group's heads at a time (a share ends on any head: no program waits on a longer block). ROUTE 0
-            # serves both routes in one launch: a flush row's head costs FLUSH_W / NONFLUSH_W of another's
+            # one group's heads at a time (a share ends on any head: no program waits on a longer block)
             per_row = NPT * H
-            if ROUTE == 0:
-                wr = tl.where(live, tl.where(cv + qv > window, FLUSH_W, NONFLUSH_W), 0)
-            else:
-                wr = one
-            start = tl.cumsum(wr, axis=0) - wr  # a row's first item's cost offset, in rows of weight 1
-            total = tl.sum(wr, axis=0).to(tl.int64) * per_row
             pid = tl.program_id(0).to(tl.int64)
-            x = pid * total // tl.num_programs(0)
-            end = (pid + 1) * total // tl.num_programs(0)
-            while x < end:  # the items whose cost starts in [x, end): the row holding x, then the next
-                r = tl.max(tl.where((wr > 0) & (start.to(tl.int64) * per_row <= x), ridx, -1), axis=0)
-                w = tl.sum(tl.where(ridx == r, wr, 0), axis=0).to(tl.int64)
-                base = tl.sum(tl.where(ridx == r, start, 0), axis=0).to(tl.int64) * per_row
-                j = (x - base + w - 1) // w
-                j_end = tl.minimum((end - base + w - 1) // w, per_row)
-                pt = (j // H).to(tl.int32)
-                h = (j % H).to(tl.int32)
-                nh = tl.minimum(j_end - j, HPG - h % HPG).to(tl.int32)  # to the group's end or the share's
-                if nh > 0:
-                    _tma_program(pt, h, nh, r, rt,
+            if ROUTE == 0:  # both routes in one launch: a flush row's head costs FLUSH_W / NONFLUSH_W of another's
+                wr = tl.where(live, tl.where(cv + qv > window, FLUSH_W, NONFLUSH_W), 0)
+                start = tl.cumsum(wr, axis=0) - wr  # a row's first item's cost offset, in rows of weight 1
+                total = tl.sum(wr, axis=0).to(tl.int64) * per_row
+                x = pid * total // tl.num_programs(0)
+                end = (pid + 1) * total // tl.num_programs(0)
+                while x < end:  # the items whose cost starts in [x, end): the row holding x, then the next
+                    r = tl.max(tl.where((wr > 0) & (start.to(tl.int64) * per_row <= x), ridx, -1), axis=0)
+                    w = tl.sum(tl.where(ridx == r, wr, 0), axis=0).to(tl.int64)
+                    base = tl.sum(tl.where(ridx == r, start, 0), axis=0).to(tl.int64) * per_row
+                    j = (x - base + w - 1) // w
+                    j_end = tl.minimum((end - base + w - 1) // w, per_row)
+                    pt = (j // H).to(tl.int32)
+                    h = (j % H).to(tl.int32)
+                    nh = tl.minimum(j_end - j, HPG - h % HPG).to(tl.int32)  # to the group's end or the share's
+                    if nh > 0:
+                        _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
+                            P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB,
+                            HAS_Z, DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X,
+                            PF_B, PF_DT, PF_AHEAD, PF_TILE, ROUTE, True, TRACE)
+                        segs += 1
+                    x = tl.where(nh > 0, base + (j + nh) * w, base + per_row * w)  # past the segment, or the row
+            else:  # one route's rows, every head of unit cost: route item x is head x % per_row of the route's
+                # row x // per_row, so a share needs one rank lookup per segment instead of a weighted search
+                rank = tl.where(sel, tl.cumsum(one, axis=0) - one, -1)  # the route's rows in order; -1 the others
+                total = tl.sum(one, axis=0).to(tl.int64) * per_row
+                x = pid * total // tl.num_programs(0)
+                end = (pid + 1) * total // tl.num_programs(0)
+                k = x // per_row
+                r = tl.min(tl.where(rank == k, ridx, BLOCK_ROWS), axis=0)
+                while x < end:
+                    j = x - k * per_row
+                    pt = (j // H).to(tl.int32)
+                    h = (j % H).to(tl.int32)
+                    nh = tl.minimum(end - x, HPG - h % HPG).to(tl.int32)  # to the group's (row's) end or the share's
+                    _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                         P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                         DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                        PF_AHEAD, PF_TILE, ROUTE, True)
-                x = tl.where(nh > 0, base + (j + nh) * w, base + per_row * w)  # past the segment, or the row
+                        PF_AHEAD, PF_TILE, ROUTE, True, TRACE)
+                    segs += 1
+                    x += nh
+                    k = x // per_row
+                    r = tl.min(tl.where(rank == k, ridx, BLOCK_ROWS), axis=0)  # the same row, or the route's next
     if PDL == 2:  # the second launch ends only once the first has (its rows are disjoint: nothing to wait for
         # before), so what follows both in the stream sees both launches' writes
         tl.extra.cuda.gdc_wait()
+    if TRACE:
+        tl.store(trace + 2 * (_TRACE_SLOTS - 2), segs)
+    _stamp(trace, _TRACE_SLOTS - 1, segs, TRACE)
 
 
 # -- materialize --------------------------------------------------------------------------
@@ -1109,6 +1171,7 @@ def replay_verify(
     dt_softplus: bool = True,
     max_seqlen: int | None = None,
     config: dict[str, Any] | None = None,
+    trace: Tensor | None = None,
 ) -> Tensor:
     """ReplaySSM verify for one layer (same contract as :func:`reference.replay_verify`).
 
@@ -1151,6 +1214,13 @@ def replay_verify(
             programs exit and ends only after it), ``num_warps``,
             ``num_stages``, ``maxnreg`` (register cap, GPU only). Results agree to fp32/tf32 rounding
             across configs.
+        trace: diagnostics, TMA kernel on the GPU only: (2, programs, 32, 2) int64, caller-owned. Launch ``j`` (0,
+            and 1 the flush launch of ``SPLIT``) writes ``trace[j, program, slot]``: (``%globaltimer`` ns,
+            ``%clock64`` cycles) at the program's start (slot 0), its rows ranked (1, persistent launches), per
+            segment ``s < 5`` (a run of one row's heads; later ones reuse the last) at ``2 + 5 s`` its start, its
+            cursors known, its Gram done, its heads done and its head count, the segment count (30) and the end
+            (31). A traced launch is a different build (each stamp waits for its value): it shows where a program's
+            time goes, not the untraced time (``benchmarks/trace_verify.py`` reads it).
     Returns:
         ``out``.
     """
@@ -1181,6 +1251,8 @@ def replay_verify(
     cfg = verify_config(rows, H, P, N, R, T, dev, G, kernel=kernel, state_size=checkpoint.element_size(),
                         shape=not set(config) & _SHAPE_KEYS)
     cfg.update(config)
+    if trace is not None and cfg["KERNEL"] != "tma":
+        raise ConfigError("trace records the TMA kernel only (KERNEL='tma')")
     for key in _CONFIG_KEYS - {"KERNEL", "FUSE"}:  # every other key is an int
         if key in cfg and (isinstance(cfg[key], bool) or not isinstance(cfg[key], int)):
             raise ConfigError(f"config {key} must be an int, got {cfg[key]!r}")
@@ -1245,23 +1317,35 @@ def replay_verify(
         if PDL not in (0, 1) or (PDL and not SPLIT):
             raise ConfigError(f"config PDL must be 0 or 1 (1 with SPLIT=1), got {PDL}")
         pdl_on = bool(PDL) and _compiled(dev)
+        if trace is not None and not (_compiled(dev) and trace.device == dev and trace.dtype == torch.int64
+                                      and trace.dim() == 4 and trace.shape[0] == 2
+                                      and trace.shape[2:] == (_TRACE_SLOTS, 2) and trace.is_contiguous()):
+            raise ShapeError(f"trace must be a contiguous (2, programs, {_TRACE_SLOTS}, 2) int64 tensor on the GPU "
+                             f"running the TMA kernel, got {tuple(trace.shape)} {trace.dtype} on {trace.device}")
         desc = TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N])
         tile_bytes = BLOCK_P * N * checkpoint.element_size()  # one head's checkpoint tile
 
         def launch(grid, heads, hstages, fold_n, pfheads, l2pf, launch_flags, route, persist, pdl=0):
             _verify_tma_kernel[grid](
                 rows, desc, checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, *step, window, R, H, N,
-                *strides, P=P, NPT=P // BLOCK_P, HPG=HPG, HEADS=heads, HSTAGES=hstages, BLOCK_P=BLOCK_P,
+                *strides, trace[1 if route == 2 else 0] if trace is not None else page_ids,  # (a placeholder)
+                P=P, NPT=P // BLOCK_P, HPG=HPG, HEADS=heads, HSTAGES=hstages, BLOCK_P=BLOCK_P,
                 BLOCK_N=N, BLOCK_K=_pow2(R), BLOCK_S=_pow2(T), FOLD_N=min(N, fold_n),
                 GRAM16=_compiled(dev) and B.dtype == C.dtype and B.element_size() == 2,
                 READ16=_compiled(dev) and checkpoint.dtype == C.dtype and checkpoint.element_size() == 2,
                 **_l2_prefetch(l2pf, tile_bytes, x_ring, B_ring, dt_ring, heads, dev),
                 PF_AHEAD=pfheads if _compiled(dev) else 0, PF_TILE=tile_bytes,
                 ROUTE=route, PERSIST=persist, BLOCK_ROWS=_pow2(rows) if persist else 16, FLUSH_W=flush_w,
-                NONFLUSH_W=4, PDL=pdl, **launch_flags, **({"launch_pdl": True} if pdl == 2 else {}),
+                NONFLUSH_W=4, PDL=pdl, TRACE=trace is not None,
+                **launch_flags, **({"launch_pdl": True} if pdl == 2 else {}),
             )
 
         sms = _num_sms(dev) if _compiled(dev) else 1
+        grid = (progs * sms, 1) if STREAM else (H // HEADS * (P // BLOCK_P), rows)
+        flush_grid = (2 * sms if _compiled(dev) else 3, 1)
+        if trace is not None and trace.shape[1] < max(grid[0] * grid[1], flush_grid[0] if SPLIT else 0):
+            raise ShapeError(f"trace holds {trace.shape[1]} programs per launch; this launch runs {grid[0] * grid[1]}"
+                             + (f" and {flush_grid[0]}" if SPLIT else ""))
         # a launch whose pipeline stages overflow shared memory fails before it runs. With SPLIT the flush launch
         # (two 64 x N fp32 tiles at most: within Hopper's 227 KB for N <= 256) could only fail after the first
         # launch ran, which writes outputs and ring rows past the committed ones, never a cursor or a checkpoint
@@ -1269,14 +1353,13 @@ def replay_verify(
             fold_n = int(cfg.get("FOLD_N", 32 if _compiled(dev) else N))
             if STREAM:  # PROGS programs per SM, each streaming an equal share of the heads' cost (SPLIT: the
                 # non-flush rows' heads)
-                launch((progs * sms, 1), HEADS, 1, fold_n, PFHEADS, int(cfg.get("L2PF", 0)), flags,
+                launch(grid, HEADS, 1, fold_n, PFHEADS, int(cfg.get("L2PF", 0)), flags,
                        route=1 if SPLIT else 0, persist=2, pdl=1 if pdl_on else 0)
             else:
-                launch((H // HEADS * (P // BLOCK_P), rows), HEADS, HSTAGES, fold_n, PFHEADS,
+                launch(grid, HEADS, HSTAGES, fold_n, PFHEADS,
                        int(cfg.get("L2PF", 0)), flags, route=1 if SPLIT else 0, persist=0, pdl=1 if pdl_on else 0)
             if SPLIT:  # flush rows: a persistent launch, uncapped: (row, head block) items round-robin, or streamed
                 flush_flags = {k: v for k, v in flags.items() if k != "maxnreg"}
-                flush_grid = (2 * sms if _compiled(dev) else 3, 1)
                 if STREAM == 2:
                     launch(flush_grid, split_heads, 1, N, 1, 0, flush_flags, route=2, persist=2,
                            pdl=2 if pdl_on else 0)

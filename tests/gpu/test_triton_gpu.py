@@ -121,6 +121,42 @@ def test_verify_pdl_in_graph_then_consumer(cfg):
         compare_verify(case, (got_state, out_seen), want, out_tol=1e-2, state_tol=1e-5)
 
 
+@pytest.mark.parametrize("cfg", [None, dict(KERNEL="tma", SPLIT=1, STREAM=2, maxnreg=168, PFHEADS=1, PDL=1),
+                                 dict(KERNEL="tma", HEADS=16, HSTAGES=2, FOLD_N=128, PFHEADS=1)],
+                         ids=lambda c: "heuristic" if c is None else "-".join(f"{k}={v}" for k, v in c.items()))
+def test_verify_trace(cfg):
+    """``trace``: the traced build computes what the untraced one does, and each program's stamps are in order
+    (start <= segment start <= cursors <= Gram <= heads done <= end), with every head of the batch counted once."""
+    gen = torch.Generator().manual_seed(11)
+    case = make_case(gen, DEV, pages=70, W=16, T=4, rows=64, n_pad=2, route="mixed", act_dtype=torch.bfloat16,
+                     **NEMO)
+    trace = torch.zeros(2, 128 * 64, 32, 2, dtype=torch.int64, device=DEV)
+    got = run_verify(trk.replay_verify, case, config=cfg, trace=trace)
+    want = run_verify(ref.replay_verify, case)
+    compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
+    tr = trace.cpu()
+    heads = 0
+    for j in (0, 1):
+        g, k = tr[j, :, :, 0], tr[j, :, :, 1]
+        ran = g[:, 0] > 0
+        if not bool(ran.any()):
+            continue
+        g, k = g[ran], k[ran]
+        assert bool((g[:, 31] >= g[:, 0]).all()) and bool((k[:, 31] >= k[:, 0]).all())
+        for s in range(5):
+            b = 2 + 5 * s
+            seg = (g[:, 30] > s) & (k[:, b + 3] > 0)
+            if s < 4:  # the last slots hold the last segment; counted below from the segment counts
+                heads += int(g[seg, b + 4].sum())
+            kk = k[seg]
+            assert bool((kk[:, b] >= k[seg, 0]).all())
+            for a in range(3):
+                assert bool((kk[:, b + a + 1] >= kk[:, b + a]).all()), (j, s, a)
+            assert bool((k[seg, 31] >= kk[:, b + 3]).all())
+    if cfg is not None and "HEADS" in cfg:  # one program, one segment per (row, 16 heads): all counted
+        assert heads == 62 * 128
+
+
 def test_verify_config_over_shared_memory_is_a_config_error():
     """A launch whose pipeline stages overflow shared memory: ConfigError before anything is written."""
     from ssmstate.errors import ConfigError
