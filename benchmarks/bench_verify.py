@@ -80,13 +80,12 @@ def log(*a):
 def time_calls(fns, reps: int, min_calls: int = 16) -> float:
     """Median µs per call of ``fns`` (one call each, in order, repeated to at least ``min_calls`` calls) replayed as
     one CUDA graph: the graph's own launch (several µs) is spread over many calls, as over a model's layers."""
-    if not SMOKE:
-        fns = list(fns) * max(1, -(-min_calls // len(fns)))
     if SMOKE:
         t0 = time.perf_counter()
         for f in fns:
             f()
         return (time.perf_counter() - t0) * 1e6 / len(fns)
+    fns = list(fns) * max(1, -(-min_calls // len(fns)))
     for f in fns:
         f()
     torch.cuda.synchronize()

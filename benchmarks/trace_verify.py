@@ -69,7 +69,8 @@ def pct(vals: list[float], q: float) -> float | None:
 
 
 def launch_stats(tr: torch.Tensor) -> dict | None:
-    """One launch's programs (``tr``: (programs, SLOTS, 2) int64, host) as the module docstring's metrics, ns."""
+    """One launch's programs (``tr``: (programs, SLOTS, 2) int64, host) as the module docstring's metrics, ns (and
+    the launch's first start and last end, ``%globaltimer`` ns)."""
     g, k = tr[..., 0].double(), tr[..., 1].double()
     ran = g[:, 0] > 0
     if not bool(ran.any()):
@@ -80,16 +81,16 @@ def launch_stats(tr: torch.Tensor) -> dict | None:
     long = span_g > 2000  # programs long enough for a coarse global timer: their ns per cycle
     rate = float((span_g[long] / span_k[long]).median()) if bool(long.any()) else 1 / 1.98
     d = lambda a, b: ((k[:, b] - k[:, a]) * rate).tolist()  # noqa: E731  (cycles between two slots, as ns)
-    out: dict = {"programs": int(ran.sum()), "span": end - start, "ns_per_cycle": rate,
+    segs = g[:, SLOTS - 2]
+    out: dict = {"programs": int(ran.sum()), "start": start, "end": end, "span": end - start, "ns_per_cycle": rate,
                  "ramp": (g[:, 0] - start).tolist(), "busy": d(0, SLOTS - 1), "tail": (end - g[:, SLOTS - 1]).tolist(),
-                 "segs": g[:, SLOTS - 2].tolist()}
+                 "segs": segs.tolist()}
     ranked = bool((k[:, 1] > 0).any())
     if ranked:
         out["rank"] = d(0, 1)
     first = k[:, 2] > 0  # programs that started a segment
     if bool(first.any()):
         out["lead"] = ((k[first, 2] - k[first, 1 if ranked else 0]) * rate).tolist()  # to the first segment's start
-    segs = g[:, SLOTS - 2]
     for s in range(SEGS):
         b = 2 + 5 * s
         has = (segs > s) & (k[:, b + 3] > 0) if s < SEGS - 1 else (segs >= SEGS) & (k[:, b + 3] > 0)
@@ -139,7 +140,7 @@ def run_point(pool, layout, b: int, scen: str, cs: list[int], cfg, args) -> dict
         for ids in sets:
             pool.nc[ids.long()] = torch.tensor(cs, dtype=torch.int32, device="cuda")
     x, dt, B, C, out = pool.x[:L], pool.dt[:L], pool.B[:L], pool.C[:L], pool.out[:L]
-    progs = max(bv.H * b, 4 * 132 * 4)
+    progs = max(bv.H * (bv.P // 64) * b, 16 * args.sms)  # the one-head grid, or persistent launches' programs
     traces = torch.zeros(nsets, 2, progs, SLOTS, 2, dtype=torch.int64, device="cuda")
 
     def call(i, ids, traced):
@@ -155,10 +156,8 @@ def run_point(pool, layout, b: int, scen: str, cs: list[int], cfg, args) -> dict
     replay_graph([call(i, ids, True) for i, ids in enumerate(sets)], reps=1)
     host = traces.cpu()
     calls = [[launch_stats(host[i, j]) for j in (0, 1)] for i in range(nsets)]
-    starts = [min(float(host[i, j, :, 0, 0][host[i, j, :, 0, 0] > 0].min()) for j in (0, 1) if c[j] is not None)
-              for i, c in enumerate(calls)]
-    ends = [max(float(host[i, j, :, SLOTS - 1, 0].max()) for j in (0, 1) if c[j] is not None)
-            for i, c in enumerate(calls)]
+    starts = [min(st["start"] for st in c if st is not None) for c in calls]
+    ends = [max(st["end"] for st in c if st is not None) for c in calls]
     row["period_us"] = statistics.median(starts[i + 1] - starts[i] for i in range(nsets - 1)) / 1e3
     row["gap_us"] = statistics.median(starts[i + 1] - ends[i] for i in range(nsets - 1)) / 1e3
     row.update(summarize(calls[1:] if nsets > 2 else calls))
@@ -186,6 +185,7 @@ def main() -> None:
     t0 = time.time()
     props = torch.cuda.get_device_properties(0)
     args.l2 = getattr(props, "L2_cache_size", 50 * 2 ** 20) or 50 * 2 ** 20
+    args.sms = props.multi_processor_count
     T, W = args.T, args.W
     geom = Mamba2Geometry(num_heads=bv.H, head_dim=bv.P, state_size=bv.N, n_groups=bv.G, conv_kernel=4, num_layers=1,
                           state_dtype=torch.float32, act_dtype=torch.bfloat16)

@@ -1317,11 +1317,6 @@ def replay_verify(
         if PDL not in (0, 1) or (PDL and not SPLIT):
             raise ConfigError(f"config PDL must be 0 or 1 (1 with SPLIT=1), got {PDL}")
         pdl_on = bool(PDL) and _compiled(dev)
-        if trace is not None and not (_compiled(dev) and trace.device == dev and trace.dtype == torch.int64
-                                      and trace.dim() == 4 and trace.shape[0] == 2
-                                      and trace.shape[2:] == (_TRACE_SLOTS, 2) and trace.is_contiguous()):
-            raise ShapeError(f"trace must be a contiguous (2, programs, {_TRACE_SLOTS}, 2) int64 tensor on the GPU "
-                             f"running the TMA kernel, got {tuple(trace.shape)} {trace.dtype} on {trace.device}")
         desc = TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N])
         tile_bytes = BLOCK_P * N * checkpoint.element_size()  # one head's checkpoint tile
 
@@ -1343,6 +1338,11 @@ def replay_verify(
         sms = _num_sms(dev) if _compiled(dev) else 1
         grid = (progs * sms, 1) if STREAM else (H // HEADS * (P // BLOCK_P), rows)
         flush_grid = (2 * sms if _compiled(dev) else 3, 1)
+        if trace is not None and not (_compiled(dev) and trace.device == dev and trace.dtype == torch.int64
+                                      and trace.dim() == 4 and trace.shape[0] == 2
+                                      and trace.shape[2:] == (_TRACE_SLOTS, 2) and trace.is_contiguous()):
+            raise ShapeError(f"trace must be a contiguous (2, programs, {_TRACE_SLOTS}, 2) int64 tensor on the GPU "
+                             f"running the TMA kernel, got {tuple(trace.shape)} {trace.dtype} on {trace.device}")
         if trace is not None and trace.shape[1] < max(grid[0] * grid[1], flush_grid[0] if SPLIT else 0):
             raise ShapeError(f"trace holds {trace.shape[1]} programs per launch; this launch runs {grid[0] * grid[1]}"
                              + (f" and {flush_grid[0]}" if SPLIT else ""))
