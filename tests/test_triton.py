@@ -120,7 +120,9 @@ def test_verify_rejects_bad_config():
                        ({"SPLIT": 1, "SPLIT_HEADS": 3}, "SPLIT_HEADS must divide"),
                        ({"STREAM": 2}, "STREAM must be 0, 1 or 2"), ({"STREAM": 3, "SPLIT": 1}, "STREAM must be"),
                        ({"STREAM": 1, "PROGS": 0}, "PROGS must be >= 1"), ({"STREAM": 1, "FLUSH_W": 0}, "FLUSH_W"),
-                       ({"PDL": 1}, "PDL must be 0 or 1"), ({"SPLIT": 1, "PDL": 2}, "PDL must be")):
+                       ({"PDL": 1}, "PDL must be 0 or 1"), ({"SPLIT": 1, "PDL": 2}, "PDL must be"),
+                       ({"RING_ALL": 2}, "RING_ALL must be"), ({"HEADS": 2, "RING_ALL": 1}, "RING_ALL must be"),
+                       ({"STREAM": 1, "RING_ALL": 1}, "RING_ALL must be")):
         with pytest.raises(ConfigError, match=match):
             trk.replay_verify(*verify_args(case), torch.empty_like(case["x"]), config=bad)
     assert all(torch.equal(before[k], case["state"][k]) for k in before)
@@ -468,7 +470,8 @@ def test_verify_config_with_a_launch_shape_drops_the_heuristic_shape(monkeypatch
                                  {"KERNEL": "tma", "BLOCK_P": 16, "FOLD_N": 16, "L2PF": 2},
                                  {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2},
                                  {"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 2},
-                                 {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2, "FOLD_N": 8}])
+                                 {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2, "FOLD_N": 8},
+                                 {"KERNEL": "tma", "RING_ALL": 1}, {"KERNEL": "tma", "BLOCK_P": 16, "RING_ALL": 1}])
 @pytest.mark.parametrize("route,state_dtype,act_dtype,T,W", [
     ("flush", torch.float32, torch.float32, 4, 12), ("mixed", torch.float32, torch.bfloat16, 3, 9),
     ("nonflush", torch.bfloat16, torch.bfloat16, 8, 24), ("mixed", torch.float32, torch.float16, 1, 5),
@@ -525,7 +528,7 @@ def test_tma_split_launch(route):
                        state_tol=TOL[torch.float32])
 
 
-@pytest.mark.parametrize("kernel", ["tma", "ldg"])
+@pytest.mark.parametrize("kernel", ["tma", "ldg", "tma-ring-all"])
 def test_verify_never_reads_stale_ring_rows(kernel):
     """Ring rows outside a row's history hold inf (x, B) and 1e30 (dt): no output or state may see them."""
     gen = torch.Generator().manual_seed(11)
@@ -539,7 +542,8 @@ def test_verify_never_reads_stale_ring_rows(kernel):
         st["x_ring"][p][:, stale] = float("inf")
         st["B_ring"][p][:, stale] = float("inf")
         st["dt_ring"][p][:, stale] = 1e30
-    got = run_verify(trk.replay_verify, case, config={"KERNEL": kernel})
+    cfg = {"KERNEL": "tma", "RING_ALL": 1} if kernel == "tma-ring-all" else {"KERNEL": kernel}  # loads every ring row
+    got = run_verify(trk.replay_verify, case, config=cfg)
     assert bool(torch.isfinite(got[1]).all()) and bool(torch.isfinite(got[0]["checkpoint"]).all())
     compare_verify(case, got, run_verify(ref.replay_verify, case), out_tol=TOL[torch.float32],
                    state_tol=TOL[torch.float32])

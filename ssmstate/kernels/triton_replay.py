@@ -520,6 +520,57 @@ def _tma_gathers(h, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr,
 
 
 @triton.jit
+def _ring_loads(h, g, page, lo, xr_ptr, Br_ptr, dtr_ptr, x_ptr, dt_ptr, B_ptr, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
+                s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, R, offs_p,
+                offs_n, ss, ms, BLOCK_K: tl.constexpr):
+    """``RING_ALL``: head ``h``'s x and dt rings and its group's B ring, all ``R`` rows in ring order, and the
+    window's x, dt and B rows: loads that need the page and ``cu_seqlens`` only, so they go out with the cursors
+    instead of after them (:func:`_ring_select` puts them in sequence order once the cursors are known)."""
+    jj = tl.arange(0, BLOCK_K)
+    mj = jj < R
+    tw = lo + ss
+    B_all = tl.load(Br_ptr + page * s_Br_pg + g * s_Br_g + jj[:, None] * s_Br_r + offs_n[None, :], mask=mj[:, None],
+                    other=0.0)
+    B_in = tl.load(B_ptr + g * s_B_g + tw[:, None] * s_B_t + offs_n[None, :], mask=ms[:, None], other=0.0)
+    X_all = tl.load(xr_ptr + page * s_xr_pg + h * s_xr_h + jj[:, None] * s_xr_r + offs_p[None, :], mask=mj[:, None],
+                    other=0.0)
+    X_in = tl.load(x_ptr + h * s_x_h + tw[:, None] * s_x_t + offs_p[None, :], mask=ms[:, None], other=0.0)
+    dt_all = tl.load(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + jj * s_dtr_r, mask=mj, other=0.0)
+    dt_in = tl.load(dt_ptr + tw * s_dt_t + h * s_dt_h, mask=ms, other=0.0)
+    return B_all, B_in, X_all, X_in, dt_all, dt_in
+
+
+@triton.jit
+def _ring_select(all_rows, in_rows, ring, is_hist, is_new, kk, c, BLOCK_S: tl.constexpr):
+    """Sequence order from two of :func:`_ring_loads`' (rows, columns) tiles: row k is ring row ``ring[k]`` for the
+    history, window row ``k - c`` for the new tokens, 0 past them (register gathers; a stale ring row is never
+    selected)."""
+    src_n = tl.minimum(tl.maximum(kk - c, 0), BLOCK_S - 1)
+    hist = tl.gather(all_rows, tl.broadcast_to(ring[:, None], (ring.shape[0], all_rows.shape[1])), 0)
+    new = tl.gather(in_rows, tl.broadcast_to(src_n[:, None], (src_n.shape[0], in_rows.shape[1])), 0)
+    return tl.where(is_hist[:, None], hist, tl.where(is_new[:, None], new, tl.zeros_like(new)))
+
+
+@triton.jit
+def _ring_first(X_all, X_in, dt_all, dt_in, h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, ring, tw, offs_p, is_hist,
+                is_new, kk, c, ms, BLOCK_S: tl.constexpr, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr,
+                HAS_Z: tl.constexpr):
+    """What :func:`_tma_gathers` returns for head ``h``, from :func:`_ring_loads`' tiles."""
+    X_raw = _ring_select(X_all, X_in, ring, is_hist, is_new, kk, c, BLOCK_S)
+    dth = tl.where(is_hist, tl.gather(dt_all, ring, 0), 0.0)
+    dtn = tl.where(is_new, tl.gather(dt_in, tl.minimum(tl.maximum(kk - c, 0), BLOCK_S - 1), 0), 0.0).to(tl.float32)
+    A = tl.load(A_ptr + h).to(tl.float32)
+    if HAS_DTB:
+        dtn += tl.load(dtb_ptr + h).to(tl.float32)
+    Dh = tl.load(D_ptr + h).to(tl.float32) if HAS_D else A
+    if HAS_Z:
+        zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=ms[None, :], other=0.0)
+    else:
+        zz = A
+    return X_raw, dth, dtn, A, Dh, zz
+
+
+@triton.jit
 def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0, i,
               last, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
               s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist,
@@ -605,12 +656,12 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
 def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist,
-               is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P: tl.constexpr, HEADS: tl.constexpr,
+               is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P: tl.constexpr, HEADS: tl.constexpr,
                HSTAGES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr,
                HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
                READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
                IDX64: tl.constexpr, FLUSH: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
-               DYN: tl.constexpr):
+               DYN: tl.constexpr, FIRST: tl.constexpr):
     """The TMA kernel's heads ``h0 .. h0 + HEADS - 1`` of one row in a software pipeline (``HSTAGES`` tile
     buffers: head i + 1's tile copy and, into registers, its gathers go out while head i computes).
     ``DYN``: the runtime count ``nh`` of heads instead, in a plain loop (one tile buffer; the interpreter
@@ -629,10 +680,13 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
             Bh = tl.where(is_hist[:, None], B_raw.to(tl.float32), 0.0)
     # the first head's gathers; in the loop, head i + 1's are issued before head i computes (Triton's pipeliner
     # would issue them as cp.async at the end of the iteration and wait for them at the top of the next)
-    X_n, dth_n, dtn_n, A_n, D_n, zz_n = _tma_gathers(
-        h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r, s_dtr_pg,
-        s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p, is_hist, is_new, is_seq,
-        ms, HAS_D, HAS_DTB, HAS_Z)
+    if FIRST:  # RING_ALL: loaded with the cursors (_ring_loads), put in sequence order (_ring_first)
+        X_n, dth_n, dtn_n, A_n, D_n, zz_n = first
+    else:
+        X_n, dth_n, dtn_n, A_n, D_n, zz_n = _tma_gathers(
+            h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
+            s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p, is_hist,
+            is_new, is_seq, ms, HAS_D, HAS_DTB, HAS_Z)
     if DYN:
         i = 0
         while i < nh:
@@ -664,7 +718,7 @@ def _tma_program(
     GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr, ROUTE: tl.constexpr, DYN: tl.constexpr,
-    TRACE: tl.constexpr,
+    TRACE: tl.constexpr, RING_ALL: tl.constexpr = False,
 ):
     """One program's work of the TMA verify kernel: row ``row``, P tile ``pt``, the ``HEADS`` heads of one group
     from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
@@ -712,6 +766,11 @@ def _tma_program(
         Cw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :], mask=ms[:, None], other=0.0)
         c = tl.load(nc_ptr + page)
         rs = tl.load(rs_ptr + page)
+        if RING_ALL:  # the whole rings and the window's rows, beside the cursors (they need only the page)
+            B_all, B_in, X_all, X_in, dt_all, dt_in = _ring_loads(
+                h0, g, page, lo, xr_ptr, Br_ptr, dtr_ptr, x_ptr, dt_ptr, B_ptr, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
+                s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, R, offs_p,
+                offs_n, tw - lo, ms, BLOCK_K)
         _stamp(trace, slot + 1, c + rs, TRACE)
         is_hist = kk < c
         is_new = (kk >= c) & (kk < c + q)
@@ -722,8 +781,14 @@ def _tma_program(
             ring = ring.to(tl.int64)
             tok = tok.to(tl.int64)
         Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
-        b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
-        B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_N)
+        if RING_ALL:
+            B_raw = _ring_select(B_all, B_in, ring, is_hist, is_new, kk, c, BLOCK_S)
+            first = _ring_first(X_all, X_in, dt_all, dt_in, h0, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, ring, tw,
+                                offs_p, is_hist, is_new, kk, c, ms, BLOCK_S, HAS_D, HAS_DTB, HAS_Z)
+        else:
+            b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
+            B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_N)
+            first = (B_raw, B_raw, B_raw, B_raw, B_raw, B_raw)  # unused: the heads load their own
         if GRAM16:  # 16-bit B and C: exact products, fp32 accumulation
             Gm = tl.dot(B_raw, tl.trans(Cw))
         else:
@@ -744,23 +809,26 @@ def _tma_program(
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                        s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
-                       is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
+                       is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
+                       BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN)
+                       IDX64, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN, RING_ALL)
         elif flush:
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                        s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
-                       is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
+                       is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
+                       BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 1, PF_AHEAD, PF_TILE, DYN)
+                       IDX64, 1, PF_AHEAD, PF_TILE, DYN, RING_ALL)
         else:
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                        s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
-                       is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, P, HEADS, HSTAGES, BLOCK_P,
+                       is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
+                       BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 0, PF_AHEAD, PF_TILE, DYN)
+                       IDX64, 0, PF_AHEAD, PF_TILE, DYN, RING_ALL)
         _stamp(trace, slot + 3, nh, TRACE)
         if TRACE:
             tl.store(trace + 2 * (slot + 4), nh)
@@ -792,7 +860,7 @@ def _verify_tma_kernel(
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
     ROUTE: tl.constexpr, PERSIST: tl.constexpr, BLOCK_ROWS: tl.constexpr, FLUSH_W: tl.constexpr,
-    NONFLUSH_W: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr,
+    NONFLUSH_W: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr, RING_ALL: tl.constexpr,
 ):
     # what every program passes on but the constants (a tuple's constants would lose their constexpr type)
     rt = (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr,
@@ -810,7 +878,7 @@ def _verify_tma_kernel(
         _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt, trace, 2,
             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
             DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD,
-            PF_TILE, ROUTE, False, TRACE)
+            PF_TILE, ROUTE, False, TRACE, RING_ALL)
         segs = 1
     else:
         # a persistent grid over the route's rows (flush rows for ROUTE 2), ranked on the device: an empty route
@@ -1211,7 +1279,9 @@ def replay_verify(
             share of the (row, P tile, head) items: 1 the non-flush launch with SPLIT, or both routes in one
             launch without it, a flush row's heads weighted ``FLUSH_W`` / 4; 2 both SPLIT launches; at most
             1,024 rows), ``PDL`` (1 with SPLIT, GPU only: the flush launch starts as the first launch's
-            programs exit and ends only after it), ``num_warps``,
+            programs exit and ends only after it), ``RING_ALL`` (1 with one head per program and neither SPLIT nor
+            STREAM: the whole rings and the window's rows load with the cursors, put in sequence order by register
+            gathers, instead of after them; not timed yet), ``num_warps``,
             ``num_stages``, ``maxnreg`` (register cap, GPU only). Results agree to fp32/tf32 rounding
             across configs.
         trace: diagnostics, TMA kernel on the GPU only: (2, programs, 32, 2) int64, caller-owned. Launch ``j`` (0,
@@ -1317,6 +1387,10 @@ def replay_verify(
         if PDL not in (0, 1) or (PDL and not SPLIT):
             raise ConfigError(f"config PDL must be 0 or 1 (1 with SPLIT=1), got {PDL}")
         pdl_on = bool(PDL) and _compiled(dev)
+        ring_all = cfg.get("RING_ALL", 0)
+        if ring_all not in (0, 1) or (ring_all and (HEADS != 1 or SPLIT or STREAM)):
+            raise ConfigError(f"config RING_ALL must be 0 or 1 (1 with one head per program, no SPLIT or STREAM), "
+                              f"got {ring_all} with HEADS={HEADS}, SPLIT={SPLIT}, STREAM={STREAM}")
         desc = TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N])
         tile_bytes = BLOCK_P * N * checkpoint.element_size()  # one head's checkpoint tile
 
@@ -1331,7 +1405,7 @@ def replay_verify(
                 **_l2_prefetch(l2pf, tile_bytes, x_ring, B_ring, dt_ring, heads, dev),
                 PF_AHEAD=pfheads if _compiled(dev) else 0, PF_TILE=tile_bytes,
                 ROUTE=route, PERSIST=persist, BLOCK_ROWS=_pow2(rows) if persist else 16, FLUSH_W=flush_w,
-                NONFLUSH_W=4, PDL=pdl, TRACE=trace is not None,
+                NONFLUSH_W=4, PDL=pdl, TRACE=trace is not None, RING_ALL=bool(ring_all),
                 **launch_flags, **({"launch_pdl": True} if pdl == 2 else {}),
             )
 
@@ -1421,7 +1495,7 @@ def _l2_prefetch(level: int, tile_bytes: int, x_ring: Tensor, B_ring: Tensor, dt
 #: config keys :func:`replay_verify` accepts, and those that only the LDG / the TMA kernel reads
 _LDG_KEYS = frozenset({"HPP", "NC", "NS", "FUSE", "PREFETCH"})
 _TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES", "PFHEADS", "SPLIT", "SPLIT_HEADS", "STREAM", "PROGS",
-                       "FLUSH_W", "PDL"})
+                       "FLUSH_W", "PDL", "RING_ALL"})
 #: most rows a STREAM launch ranks (its rank vector lives in registers: BLOCK_ROWS / 128 per thread)
 _STREAM_ROWS = 1024
 #: TMA keys that choose the launch shape: a config naming one gets none of the heuristic's shape keys

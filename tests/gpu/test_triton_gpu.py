@@ -59,6 +59,7 @@ def test_verify_nemotron(T, W, route, rows, n_pad):
                                  dict(KERNEL="tma", SPLIT=1, STREAM=1, PROGS=2, maxnreg=0),
                                  dict(KERNEL="tma", SPLIT=1, HEADS=8, HSTAGES=1, maxnreg=168, PFHEADS=1, PDL=1),
                                  dict(KERNEL="tma", FOLD_N=64), dict(KERNEL="tma", BLOCK_P=32), dict(KERNEL="ldg", BLOCK_P=16),
+                                 dict(KERNEL="tma", RING_ALL=1, L2PF=2), dict(KERNEL="tma", RING_ALL=1, maxnreg=96),
                                  dict(KERNEL="ldg", BLOCK_P=32, num_warps=8), dict(KERNEL="ldg", num_stages=2),
                                  dict(KERNEL="ldg", BLOCK_P=64, FOLD_N=64), dict(HPP=16, PREFETCH=2),
                                  dict(HPP=4, PREFETCH=0), dict(NC=32, NS=3, FUSE=True), dict(NC=64, NS=2, maxnreg=80)],
