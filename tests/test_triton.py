@@ -122,7 +122,9 @@ def test_verify_rejects_bad_config():
                        ({"STREAM": 1, "PROGS": 0}, "PROGS must be >= 1"), ({"STREAM": 1, "FLUSH_W": 0}, "FLUSH_W"),
                        ({"PDL": 1}, "PDL must be 0 or 1"), ({"SPLIT": 1, "PDL": 2}, "PDL must be"),
                        ({"RING_ALL": 2}, "RING_ALL must be"), ({"HEADS": 2, "RING_ALL": 1}, "RING_ALL must be"),
-                       ({"STREAM": 1, "RING_ALL": 1}, "RING_ALL must be")):
+                       ({"STREAM": 1, "RING_ALL": 1}, "RING_ALL must be"), ({"EARLY": 2}, "EARLY must be"),
+                       ({"KEEP_ROW": 2}, "KEEP_ROW must be"), ({"KEEP_ROW": 1}, "KEEP_ROW must be"),
+                       ({"STREAM": 1, "KEEP_ROW": 1}, "KEEP_ROW must be")):
         with pytest.raises(ConfigError, match=match):
             trk.replay_verify(*verify_args(case), torch.empty_like(case["x"]), config=bad)
     assert all(torch.equal(before[k], case["state"][k]) for k in before)
@@ -471,7 +473,8 @@ def test_verify_config_with_a_launch_shape_drops_the_heuristic_shape(monkeypatch
                                  {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2},
                                  {"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 2},
                                  {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2, "FOLD_N": 8},
-                                 {"KERNEL": "tma", "RING_ALL": 1}, {"KERNEL": "tma", "BLOCK_P": 16, "RING_ALL": 1}])
+                                 {"KERNEL": "tma", "RING_ALL": 1}, {"KERNEL": "tma", "BLOCK_P": 16, "RING_ALL": 1},
+                                 {"KERNEL": "tma", "EARLY": 1}, {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2, "EARLY": 1}])
 @pytest.mark.parametrize("route,state_dtype,act_dtype,T,W", [
     ("flush", torch.float32, torch.float32, 4, 12), ("mixed", torch.float32, torch.bfloat16, 3, 9),
     ("nonflush", torch.bfloat16, torch.bfloat16, 8, 24), ("mixed", torch.float32, torch.float16, 1, 5),
@@ -523,7 +526,9 @@ def test_tma_split_launch(route):
                 {"KERNEL": "tma", "BLOCK_P": 16, "STREAM": 1, "PROGS": 7, "FOLD_N": 8},
                 {"KERNEL": "tma", "BLOCK_P": 32, "STREAM": 1, "PROGS": 4, "FLUSH_W": 3},
                 {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 5},
-                {"KERNEL": "tma", "BLOCK_P": 32, "SPLIT": 1, "STREAM": 1, "PROGS": 7}):
+                {"KERNEL": "tma", "BLOCK_P": 32, "SPLIT": 1, "STREAM": 1, "PROGS": 7},
+                {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 5, "KEEP_ROW": 1, "EARLY": 1},
+                {"KERNEL": "tma", "BLOCK_P": 32, "SPLIT": 1, "STREAM": 1, "PROGS": 3, "KEEP_ROW": 1}):
         compare_verify(case, run_verify(trk.replay_verify, case, config=cfg), want, out_tol=TOL[torch.bfloat16],
                        state_tol=TOL[torch.float32])
 

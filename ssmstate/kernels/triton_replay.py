@@ -710,15 +710,25 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
 
 
 @triton.jit
+def _row_cursors(page_ptr, cu_ptr, nc_ptr, rs_ptr, row):
+    """Row ``row``'s page id, first token, token count and its page's cursors (committed count, ring start)."""
+    page32 = tl.load(page_ptr + row)
+    lo = tl.load(cu_ptr + row)
+    q = tl.load(cu_ptr + row + 1) - lo
+    page = page32.to(tl.int64)
+    return page32, lo, q, tl.load(nc_ptr + page), tl.load(rs_ptr + page)
+
+
+@triton.jit
 def _tma_program(
-    pt, h0_32, nh, row, rt, trace, slot,
+    pt, h0_32, nh, row, rt, trace, slot, cur,
     P: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr, HEADS: tl.constexpr, HSTAGES: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr, ROUTE: tl.constexpr, DYN: tl.constexpr,
-    TRACE: tl.constexpr, RING_ALL: tl.constexpr = False,
+    TRACE: tl.constexpr, RING_ALL: tl.constexpr = False, EARLY: tl.constexpr = False, KEEP: tl.constexpr = False,
 ):
     """One program's work of the TMA verify kernel: row ``row``, P tile ``pt``, the ``HEADS`` heads of one group
     from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
@@ -730,11 +740,15 @@ def _tma_program(
      s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t, s_z_h,
      s_o_t, s_o_h) = rt
     _stamp(trace, slot, row, TRACE)
-    page32 = tl.load(page_ptr + row)
-    lo = tl.load(cu_ptr + row)
-    q = tl.load(cu_ptr + row + 1) - lo
-    keep = (page32 != 0) & (q > 0)
-    if ROUTE != 0:  # one route's rows only: the other's exit after their cursor (one more round trip first)
+    if KEEP:  # a streamed route's row, its cursors loaded by the caller (once per row, not per segment)
+        page32, lo, q, c_kept, rs_kept = cur
+        keep = (page32 != 0) & (q > 0)
+    else:
+        page32 = tl.load(page_ptr + row)
+        lo = tl.load(cu_ptr + row)
+        q = tl.load(cu_ptr + row + 1) - lo
+        keep = (page32 != 0) & (q > 0)
+    if ROUTE != 0 and not KEEP:  # one route's rows only: the other's exit after their cursor (one more round trip first)
         c_route = tl.load(nc_ptr + page32.to(tl.int64), mask=keep, other=0)
         keep = keep & ((c_route + q > window) == (ROUTE == 2))
     if keep:
@@ -764,8 +778,12 @@ def _tma_program(
             tw = tw.to(tl.int64)
         # what the heads share: C over the window, the cursors, the sequence's B rows and the Gram B·Cᵀ
         Cw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :], mask=ms[:, None], other=0.0)
-        c = tl.load(nc_ptr + page)
-        rs = tl.load(rs_ptr + page)
+        if KEEP:
+            c = c_kept
+            rs = rs_kept
+        else:
+            c = tl.load(nc_ptr + page)
+            rs = tl.load(rs_ptr + page)
         if RING_ALL:  # the whole rings and the window's rows, beside the cursors (they need only the page)
             B_all, B_in, X_all, X_in, dt_all, dt_in = _ring_loads(
                 h0, g, page, lo, xr_ptr, Br_ptr, dtr_ptr, x_ptr, dt_ptr, B_ptr, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
@@ -788,7 +806,13 @@ def _tma_program(
         else:
             b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
             B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_N)
-            first = (B_raw, B_raw, B_raw, B_raw, B_raw, B_raw)  # unused: the heads load their own
+            if EARLY:  # the first head's gathers need only the cursors: in flight beside B's rows, not after the Gram
+                first = _tma_gathers(
+                    h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
+                    s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p,
+                    is_hist, is_new, is_seq, ms, HAS_D, HAS_DTB, HAS_Z)
+            else:
+                first = (B_raw, B_raw, B_raw, B_raw, B_raw, B_raw)  # unused: the heads load their own
         if GRAM16:  # 16-bit B and C: exact products, fp32 accumulation
             Gm = tl.dot(B_raw, tl.trans(Cw))
         else:
@@ -812,7 +836,7 @@ def _tma_program(
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
                        BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN, RING_ALL)
+                       IDX64, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN, RING_ALL or EARLY)
         elif flush:
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
@@ -820,7 +844,7 @@ def _tma_program(
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
                        BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 1, PF_AHEAD, PF_TILE, DYN, RING_ALL)
+                       IDX64, 1, PF_AHEAD, PF_TILE, DYN, RING_ALL or EARLY)
         else:
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
@@ -828,7 +852,7 @@ def _tma_program(
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
                        BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 0, PF_AHEAD, PF_TILE, DYN, RING_ALL)
+                       IDX64, 0, PF_AHEAD, PF_TILE, DYN, RING_ALL or EARLY)
         _stamp(trace, slot + 3, nh, TRACE)
         if TRACE:
             tl.store(trace + 2 * (slot + 4), nh)
@@ -861,6 +885,7 @@ def _verify_tma_kernel(
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
     ROUTE: tl.constexpr, PERSIST: tl.constexpr, BLOCK_ROWS: tl.constexpr, FLUSH_W: tl.constexpr,
     NONFLUSH_W: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr, RING_ALL: tl.constexpr,
+    EARLY: tl.constexpr, KEEP_ROW: tl.constexpr,
 ):
     # what every program passes on but the constants (a tuple's constants would lose their constexpr type)
     rt = (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr,
@@ -875,10 +900,10 @@ def _verify_tma_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     if PERSIST == 0:  # one program per (row, head block, P tile)
         pid = tl.program_id(0)
-        _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt, trace, 2,
+        _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt, trace, 2, (pid, pid),
             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
             DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD,
-            PF_TILE, ROUTE, False, TRACE, RING_ALL)
+            PF_TILE, ROUTE, False, TRACE, RING_ALL, EARLY)
         segs = 1
     else:
         # a persistent grid over the route's rows (flush rows for ROUTE 2), ranked on the device: an empty route
@@ -902,10 +927,10 @@ def _verify_tma_kernel(
                 r = tl.min(tl.where(rank == k // blocks, ridx, BLOCK_ROWS), axis=0)
                 pid = k % blocks
                 _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, r, rt, trace,
-                    2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
+                    2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1), (k, k),
                     P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                     DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                    PF_AHEAD, PF_TILE, ROUTE, False, TRACE)
+                    PF_AHEAD, PF_TILE, ROUTE, False, TRACE, False, EARLY)
                 segs += 1
                 k += tl.num_programs(0)
         else:  # PERSIST 2: each program streams an equal, contiguous share of the (row, P tile, head) items' cost,
@@ -928,10 +953,10 @@ def _verify_tma_kernel(
                     h = (j % H).to(tl.int32)
                     nh = tl.minimum(j_end - j, HPG - h % HPG).to(tl.int32)  # to the group's end or the share's
                     if nh > 0:
-                        _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
+                        _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1), (r, r),
                             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB,
                             HAS_Z, DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X,
-                            PF_B, PF_DT, PF_AHEAD, PF_TILE, ROUTE, True, TRACE)
+                            PF_B, PF_DT, PF_AHEAD, PF_TILE, ROUTE, True, TRACE, False, EARLY)
                         segs += 1
                     x = tl.where(nh > 0, base + (j + nh) * w, base + per_row * w)  # past the segment, or the row
             else:  # one route's rows, every head of unit cost: route item x is head x % per_row of the route's
@@ -942,19 +967,32 @@ def _verify_tma_kernel(
                 end = (pid + 1) * total // tl.num_programs(0)
                 k = x // per_row
                 r = tl.min(tl.where(rank == k, ridx, BLOCK_ROWS), axis=0)
+                # KEEP_ROW: the row's cursors are loaded once per row; its later segments (groups) start at B's rows
+                if KEEP_ROW:
+                    page_k, lo_k, q_k, c_k, rs_k = _row_cursors(page_ptr, cu_ptr, nc_ptr, rs_ptr,
+                                                                tl.minimum(r, rows - 1))  # (an empty share)
+                else:
+                    page_k, lo_k, q_k, c_k, rs_k = r, r, r, r, r  # unused: each segment loads them
                 while x < end:
                     j = x - k * per_row
                     pt = (j // H).to(tl.int32)
                     h = (j % H).to(tl.int32)
                     nh = tl.minimum(end - x, HPG - h % HPG).to(tl.int32)  # to the group's (row's) end or the share's
                     _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
+                        (page_k, lo_k, q_k, c_k, rs_k),
                         P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                         DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                        PF_AHEAD, PF_TILE, ROUTE, True, TRACE)
+                        PF_AHEAD, PF_TILE, ROUTE, True, TRACE, False, EARLY, KEEP_ROW)
                     segs += 1
                     x += nh
-                    k = x // per_row
-                    r = tl.min(tl.where(rank == k, ridx, BLOCK_ROWS), axis=0)  # the same row, or the route's next
+                    k_next = x // per_row
+                    if KEEP_ROW:
+                        if (k_next != k) & (x < end):  # the route's next row
+                            r = tl.min(tl.where(rank == k_next, ridx, BLOCK_ROWS), axis=0)
+                            page_k, lo_k, q_k, c_k, rs_k = _row_cursors(page_ptr, cu_ptr, nc_ptr, rs_ptr, r)
+                    else:
+                        r = tl.min(tl.where(rank == k_next, ridx, BLOCK_ROWS), axis=0)  # the same row, or the next
+                    k = k_next
     if PDL == 2:  # the second launch ends only once the first has (its rows are disjoint: nothing to wait for
         # before), so what follows both in the stream sees both launches' writes
         tl.extra.cuda.gdc_wait()
@@ -1281,7 +1319,9 @@ def replay_verify(
             1,024 rows), ``PDL`` (1 with SPLIT, GPU only: the flush launch starts as the first launch's
             programs exit and ends only after it), ``RING_ALL`` (1 with one head per program and neither SPLIT nor
             STREAM: the whole rings and the window's rows load with the cursors, put in sequence order by register
-            gathers, instead of after them; not timed yet), ``num_warps``,
+            gathers, instead of after them), ``EARLY`` (1: each segment's first head's gathers go out with B's
+            rows, before the Gram, instead of after it), ``KEEP_ROW`` (1 with SPLIT and STREAM: a streamed
+            program loads a row's cursors once, not once per group segment), ``num_warps``,
             ``num_stages``, ``maxnreg`` (register cap, GPU only). Results agree to fp32/tf32 rounding
             across configs.
         trace: diagnostics, TMA kernel on the GPU only: (2, programs, 32, 2) int64, caller-owned. Launch ``j`` (0,
@@ -1387,6 +1427,13 @@ def replay_verify(
         if PDL not in (0, 1) or (PDL and not SPLIT):
             raise ConfigError(f"config PDL must be 0 or 1 (1 with SPLIT=1), got {PDL}")
         pdl_on = bool(PDL) and _compiled(dev)
+        keep_row = cfg.get("KEEP_ROW", 0)
+        if keep_row not in (0, 1) or (keep_row and not (SPLIT and STREAM)):
+            raise ConfigError(f"config KEEP_ROW must be 0 or 1 (1 with SPLIT=1 and STREAM), got {keep_row} with "
+                              f"SPLIT={SPLIT}, STREAM={STREAM}")
+        early = cfg.get("EARLY", 0)
+        if early not in (0, 1):
+            raise ConfigError(f"config EARLY must be 0 or 1, got {early}")
         ring_all = cfg.get("RING_ALL", 0)
         if ring_all not in (0, 1) or (ring_all and (HEADS != 1 or SPLIT or STREAM)):
             raise ConfigError(f"config RING_ALL must be 0 or 1 (1 with one head per program, no SPLIT or STREAM), "
@@ -1406,6 +1453,7 @@ def replay_verify(
                 PF_AHEAD=pfheads if _compiled(dev) else 0, PF_TILE=tile_bytes,
                 ROUTE=route, PERSIST=persist, BLOCK_ROWS=_pow2(rows) if persist else 16, FLUSH_W=flush_w,
                 NONFLUSH_W=4, PDL=pdl, TRACE=trace is not None, RING_ALL=bool(ring_all),
+                EARLY=bool(early) and not ring_all, KEEP_ROW=bool(keep_row),
                 **launch_flags, **({"launch_pdl": True} if pdl == 2 else {}),
             )
 
@@ -1495,7 +1543,7 @@ def _l2_prefetch(level: int, tile_bytes: int, x_ring: Tensor, B_ring: Tensor, dt
 #: config keys :func:`replay_verify` accepts, and those that only the LDG / the TMA kernel reads
 _LDG_KEYS = frozenset({"HPP", "NC", "NS", "FUSE", "PREFETCH"})
 _TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES", "PFHEADS", "SPLIT", "SPLIT_HEADS", "STREAM", "PROGS",
-                       "FLUSH_W", "PDL", "RING_ALL"})
+                       "FLUSH_W", "PDL", "RING_ALL", "EARLY", "KEEP_ROW"})
 #: most rows a STREAM launch ranks (its rank vector lives in registers: BLOCK_ROWS / 128 per thread)
 _STREAM_ROWS = 1024
 #: TMA keys that choose the launch shape: a config naming one gets none of the heuristic's shape keys
