@@ -121,10 +121,8 @@ def test_verify_rejects_bad_config():
                        ({"STREAM": 2}, "STREAM must be 0, 1 or 2"), ({"STREAM": 3, "SPLIT": 1}, "STREAM must be"),
                        ({"STREAM": 1, "PROGS": 0}, "PROGS must be >= 1"), ({"STREAM": 1, "FLUSH_W": 0}, "FLUSH_W"),
                        ({"PDL": 1}, "PDL must be 0 or 1"), ({"SPLIT": 1, "PDL": 2}, "PDL must be"),
-                       ({"RING_ALL": 2}, "RING_ALL must be"), ({"HEADS": 2, "RING_ALL": 1}, "RING_ALL must be"),
-                       ({"STREAM": 1, "RING_ALL": 1}, "RING_ALL must be"), ({"EARLY": 2}, "EARLY must be"),
-                       ({"KEEP_ROW": 2}, "KEEP_ROW must be"), ({"KEEP_ROW": 1}, "KEEP_ROW must be"),
-                       ({"STREAM": 1, "KEEP_ROW": 1}, "KEEP_ROW must be")):
+                       ({"EARLY": 4}, "EARLY must be"), ({"HEADS": 2, "EARLY": 3}, "EARLY must be"),
+                       ({"SPLIT": 1, "STREAM": 1, "EARLY": 3}, "EARLY must be")):
         with pytest.raises(ConfigError, match=match):
             trk.replay_verify(*verify_args(case), torch.empty_like(case["x"]), config=bad)
     assert all(torch.equal(before[k], case["state"][k]) for k in before)
@@ -473,8 +471,8 @@ def test_verify_config_with_a_launch_shape_drops_the_heuristic_shape(monkeypatch
                                  {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2},
                                  {"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 2},
                                  {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2, "FOLD_N": 8},
-                                 {"KERNEL": "tma", "RING_ALL": 1}, {"KERNEL": "tma", "BLOCK_P": 16, "RING_ALL": 1},
-                                 {"KERNEL": "tma", "EARLY": 1}, {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2, "EARLY": 1}])
+                                 {"KERNEL": "tma", "EARLY": 1}, {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2, "EARLY": 2},
+                                 {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3}])
 @pytest.mark.parametrize("route,state_dtype,act_dtype,T,W", [
     ("flush", torch.float32, torch.float32, 4, 12), ("mixed", torch.float32, torch.bfloat16, 3, 9),
     ("nonflush", torch.bfloat16, torch.bfloat16, 8, 24), ("mixed", torch.float32, torch.float16, 1, 5),
@@ -527,13 +525,13 @@ def test_tma_split_launch(route):
                 {"KERNEL": "tma", "BLOCK_P": 32, "STREAM": 1, "PROGS": 4, "FLUSH_W": 3},
                 {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 5},
                 {"KERNEL": "tma", "BLOCK_P": 32, "SPLIT": 1, "STREAM": 1, "PROGS": 7},
-                {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 5, "KEEP_ROW": 1, "EARLY": 1},
-                {"KERNEL": "tma", "BLOCK_P": 32, "SPLIT": 1, "STREAM": 1, "PROGS": 3, "KEEP_ROW": 1}):
+                {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 5, "EARLY": 1},
+                {"KERNEL": "tma", "BLOCK_P": 32, "SPLIT": 1, "STREAM": 1, "PROGS": 3, "EARLY": 2}):
         compare_verify(case, run_verify(trk.replay_verify, case, config=cfg), want, out_tol=TOL[torch.bfloat16],
                        state_tol=TOL[torch.float32])
 
 
-@pytest.mark.parametrize("kernel", ["tma", "ldg", "tma-ring-all"])
+@pytest.mark.parametrize("kernel", ["tma", "ldg", "tma-early"])
 def test_verify_never_reads_stale_ring_rows(kernel):
     """Ring rows outside a row's history hold inf (x, B) and 1e30 (dt): no output or state may see them."""
     gen = torch.Generator().manual_seed(11)
@@ -547,7 +545,7 @@ def test_verify_never_reads_stale_ring_rows(kernel):
         st["x_ring"][p][:, stale] = float("inf")
         st["B_ring"][p][:, stale] = float("inf")
         st["dt_ring"][p][:, stale] = 1e30
-    cfg = {"KERNEL": "tma", "RING_ALL": 1} if kernel == "tma-ring-all" else {"KERNEL": kernel}  # loads every ring row
+    cfg = {"KERNEL": "tma", "EARLY": 3} if kernel == "tma-early" else {"KERNEL": kernel}
     got = run_verify(trk.replay_verify, case, config=cfg)
     assert bool(torch.isfinite(got[1]).all()) and bool(torch.isfinite(got[0]["checkpoint"]).all())
     compare_verify(case, got, run_verify(ref.replay_verify, case), out_tol=TOL[torch.float32],

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Session 11, run 1 (ours only, T=4, W=16): GPU tests of the new configs, then sweeps against the default:
+# Session 11, run 1 (ours only, T=4, W=16), run from commit 3c40d20 (branch session11-keep-row: RING_ALL and
+# KEEP_ROW were dropped from main after this run). GPU tests of the new configs, then sweeps against the default:
 # RING_ALL=1 (whole rings loaded with the cursors) and EARLY=1 (the first head's gathers beside B's rows) on the
 # one-head launch at batch 1, 8, 32; KEEP_ROW=1 (a row's cursors once per streamed program, not per segment) and
 # EARLY=1 on the streamed launches at 64, 128, 256; a trace of the default and KEEP_ROW+EARLY at 64 and 256.

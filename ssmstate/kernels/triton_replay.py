@@ -520,66 +520,15 @@ def _tma_gathers(h, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr,
 
 
 @triton.jit
-def _ring_loads(h, g, page, lo, xr_ptr, Br_ptr, dtr_ptr, x_ptr, dt_ptr, B_ptr, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
-                s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, R, offs_p,
-                offs_n, ss, ms, BLOCK_K: tl.constexpr):
-    """``RING_ALL``: head ``h``'s x and dt rings and its group's B ring, all ``R`` rows in ring order, and the
-    window's x, dt and B rows: loads that need the page and ``cu_seqlens`` only, so they go out with the cursors
-    instead of after them (:func:`_ring_select` puts them in sequence order once the cursors are known)."""
-    jj = tl.arange(0, BLOCK_K)
-    mj = jj < R
-    tw = lo + ss
-    B_all = tl.load(Br_ptr + page * s_Br_pg + g * s_Br_g + jj[:, None] * s_Br_r + offs_n[None, :], mask=mj[:, None],
-                    other=0.0)
-    B_in = tl.load(B_ptr + g * s_B_g + tw[:, None] * s_B_t + offs_n[None, :], mask=ms[:, None], other=0.0)
-    X_all = tl.load(xr_ptr + page * s_xr_pg + h * s_xr_h + jj[:, None] * s_xr_r + offs_p[None, :], mask=mj[:, None],
-                    other=0.0)
-    X_in = tl.load(x_ptr + h * s_x_h + tw[:, None] * s_x_t + offs_p[None, :], mask=ms[:, None], other=0.0)
-    dt_all = tl.load(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + jj * s_dtr_r, mask=mj, other=0.0)
-    dt_in = tl.load(dt_ptr + tw * s_dt_t + h * s_dt_h, mask=ms, other=0.0)
-    return B_all, B_in, X_all, X_in, dt_all, dt_in
-
-
-@triton.jit
-def _ring_select(all_rows, in_rows, ring, is_hist, is_new, kk, c, BLOCK_S: tl.constexpr):
-    """Sequence order from two of :func:`_ring_loads`' (rows, columns) tiles: row k is ring row ``ring[k]`` for the
-    history, window row ``k - c`` for the new tokens, 0 past them (register gathers; a stale ring row is never
-    selected)."""
-    src_n = tl.minimum(tl.maximum(kk - c, 0), BLOCK_S - 1)
-    hist = tl.gather(all_rows, tl.broadcast_to(ring[:, None], (ring.shape[0], all_rows.shape[1])), 0)
-    new = tl.gather(in_rows, tl.broadcast_to(src_n[:, None], (src_n.shape[0], in_rows.shape[1])), 0)
-    return tl.where(is_hist[:, None], hist, tl.where(is_new[:, None], new, tl.zeros_like(new)))
-
-
-@triton.jit
-def _ring_first(X_all, X_in, dt_all, dt_in, h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, ring, tw, offs_p, is_hist,
-                is_new, kk, c, ms, BLOCK_S: tl.constexpr, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr,
-                HAS_Z: tl.constexpr):
-    """What :func:`_tma_gathers` returns for head ``h``, from :func:`_ring_loads`' tiles."""
-    X_raw = _ring_select(X_all, X_in, ring, is_hist, is_new, kk, c, BLOCK_S)
-    dth = tl.where(is_hist, tl.gather(dt_all, ring, 0), 0.0)
-    dtn = tl.where(is_new, tl.gather(dt_in, tl.minimum(tl.maximum(kk - c, 0), BLOCK_S - 1), 0), 0.0).to(tl.float32)
-    A = tl.load(A_ptr + h).to(tl.float32)
-    if HAS_DTB:
-        dtn += tl.load(dtb_ptr + h).to(tl.float32)
-    Dh = tl.load(D_ptr + h).to(tl.float32) if HAS_D else A
-    if HAS_Z:
-        zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=ms[None, :], other=0.0)
-    else:
-        zz = A
-    return X_raw, dth, dtn, A, Dh, zz
-
-
-@triton.jit
 def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0, i,
               last, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
               s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist,
-              is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_raw, dth, dtn, A, Dh, zz,
+              is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_raw, dth, dtn, A, Dh, zz, S_pre,
               P: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr,
               HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
               READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
               IDX64: tl.constexpr, FLUSH: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
-              NEXT: tl.constexpr):
+              NEXT: tl.constexpr, PRE_TILE: tl.constexpr):
     """Head ``h0 + i`` of a :func:`_tma_heads` loop whose last head is ``h0 + last``; its gathers
     (``X_raw`` .. ``zz``) were issued one iteration earlier. Returns head ``i + 1``'s gathers, issued here
     (``NEXT``; else this head's again)."""
@@ -597,7 +546,10 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
     xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
     dtr_h = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
     # the checkpoint tile: one TMA copy into shared memory
-    S0 = ck_desc.load([ck_row0 + i * P, 0])
+    if PRE_TILE:  # EARLY 3: one head per program, its tile loaded by the caller before the Gram
+        S0 = S_pre
+    else:
+        S0 = ck_desc.load([ck_row0 + i * P, 0])
     # Λ over the sequence, the causal factors F[k, s] = (B_k·C_s) dt_k e^{A (Λ_{c+s} - Λ_k)}
     if DT_SOFTPLUS:
         dtn = _softplus(dtn)
@@ -680,9 +632,10 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
             Bh = tl.where(is_hist[:, None], B_raw.to(tl.float32), 0.0)
     # the first head's gathers; in the loop, head i + 1's are issued before head i computes (Triton's pipeliner
     # would issue them as cp.async at the end of the iteration and wait for them at the top of the next)
-    if FIRST:  # RING_ALL: loaded with the cursors (_ring_loads), put in sequence order (_ring_first)
-        X_n, dth_n, dtn_n, A_n, D_n, zz_n = first
+    if FIRST:  # EARLY: issued by the caller before its Gram
+        X_n, dth_n, dtn_n, A_n, D_n, zz_n, S_pre = first
     else:
+        S_pre = B_raw
         X_n, dth_n, dtn_n, A_n, D_n, zz_n = _tma_gathers(
             h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
             s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p, is_hist,
@@ -695,8 +648,8 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                 nh - 1, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h,
                 s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                 is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
-                zz_n, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
-                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, True)
+                zz_n, S_pre, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
+                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, True, False)
             i += 1
     else:
         for i in tl.range(0, HEADS, num_stages=HSTAGES):
@@ -705,30 +658,20 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                 HEADS - 1, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h,
                 s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                 is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
-                zz_n, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
-                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, HEADS > 1)
-
-
-@triton.jit
-def _row_cursors(page_ptr, cu_ptr, nc_ptr, rs_ptr, row):
-    """Row ``row``'s page id, first token, token count and its page's cursors (committed count, ring start)."""
-    page32 = tl.load(page_ptr + row)
-    lo = tl.load(cu_ptr + row)
-    q = tl.load(cu_ptr + row + 1) - lo
-    page = page32.to(tl.int64)
-    return page32, lo, q, tl.load(nc_ptr + page), tl.load(rs_ptr + page)
+                zz_n, S_pre, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
+                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, HEADS > 1, FIRST == 2)
 
 
 @triton.jit
 def _tma_program(
-    pt, h0_32, nh, row, rt, trace, slot, cur,
+    pt, h0_32, nh, row, rt, trace, slot,
     P: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr, HEADS: tl.constexpr, HSTAGES: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr, ROUTE: tl.constexpr, DYN: tl.constexpr,
-    TRACE: tl.constexpr, RING_ALL: tl.constexpr = False, EARLY: tl.constexpr = False, KEEP: tl.constexpr = False,
+    TRACE: tl.constexpr, EARLY: tl.constexpr,
 ):
     """One program's work of the TMA verify kernel: row ``row``, P tile ``pt``, the ``HEADS`` heads of one group
     from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
@@ -740,15 +683,11 @@ def _tma_program(
      s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t, s_z_h,
      s_o_t, s_o_h) = rt
     _stamp(trace, slot, row, TRACE)
-    if KEEP:  # a streamed route's row, its cursors loaded by the caller (once per row, not per segment)
-        page32, lo, q, c_kept, rs_kept = cur
-        keep = (page32 != 0) & (q > 0)
-    else:
-        page32 = tl.load(page_ptr + row)
-        lo = tl.load(cu_ptr + row)
-        q = tl.load(cu_ptr + row + 1) - lo
-        keep = (page32 != 0) & (q > 0)
-    if ROUTE != 0 and not KEEP:  # one route's rows only: the other's exit after their cursor (one more round trip first)
+    page32 = tl.load(page_ptr + row)
+    lo = tl.load(cu_ptr + row)
+    q = tl.load(cu_ptr + row + 1) - lo
+    keep = (page32 != 0) & (q > 0)
+    if ROUTE != 0:  # one route's rows only: the other's exit after their cursor (one more round trip first)
         c_route = tl.load(nc_ptr + page32.to(tl.int64), mask=keep, other=0)
         keep = keep & ((c_route + q > window) == (ROUTE == 2))
     if keep:
@@ -778,17 +717,8 @@ def _tma_program(
             tw = tw.to(tl.int64)
         # what the heads share: C over the window, the cursors, the sequence's B rows and the Gram B·Cᵀ
         Cw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :], mask=ms[:, None], other=0.0)
-        if KEEP:
-            c = c_kept
-            rs = rs_kept
-        else:
-            c = tl.load(nc_ptr + page)
-            rs = tl.load(rs_ptr + page)
-        if RING_ALL:  # the whole rings and the window's rows, beside the cursors (they need only the page)
-            B_all, B_in, X_all, X_in, dt_all, dt_in = _ring_loads(
-                h0, g, page, lo, xr_ptr, Br_ptr, dtr_ptr, x_ptr, dt_ptr, B_ptr, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
-                s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, R, offs_p,
-                offs_n, tw - lo, ms, BLOCK_K)
+        c = tl.load(nc_ptr + page)
+        rs = tl.load(rs_ptr + page)
         _stamp(trace, slot + 1, c + rs, TRACE)
         is_hist = kk < c
         is_new = (kk >= c) & (kk < c + q)
@@ -799,20 +729,29 @@ def _tma_program(
             ring = ring.to(tl.int64)
             tok = tok.to(tl.int64)
         Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
-        if RING_ALL:
-            B_raw = _ring_select(B_all, B_in, ring, is_hist, is_new, kk, c, BLOCK_S)
-            first = _ring_first(X_all, X_in, dt_all, dt_in, h0, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, ring, tw,
-                                offs_p, is_hist, is_new, kk, c, ms, BLOCK_S, HAS_D, HAS_DTB, HAS_Z)
+        # EARLY: the first head's gathers need only the cursors, so they go out beside B's rows (1: after them;
+        # 2, 3: before them) instead of after the Gram; 3 (one head per program): its tile too, whose copy then
+        # overlaps the gathers' round trip
+        if EARLY >= 2:
+            X0, dth0, dtn0, A0, D0, zz0 = _tma_gathers(
+                h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
+                s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p,
+                is_hist, is_new, is_seq, ms, HAS_D, HAS_DTB, HAS_Z)
+        b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
+        B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_N)
+        if EARLY == 1:
+            X0, dth0, dtn0, A0, D0, zz0 = _tma_gathers(
+                h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
+                s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p,
+                is_hist, is_new, is_seq, ms, HAS_D, HAS_DTB, HAS_Z)
+        if EARLY == 3:
+            S_pre = ck_desc.load([ck_row0, 0])
         else:
-            b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
-            B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_N)
-            if EARLY:  # the first head's gathers need only the cursors: in flight beside B's rows, not after the Gram
-                first = _tma_gathers(
-                    h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
-                    s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p,
-                    is_hist, is_new, is_seq, ms, HAS_D, HAS_DTB, HAS_Z)
-            else:
-                first = (B_raw, B_raw, B_raw, B_raw, B_raw, B_raw)  # unused: the heads load their own
+            S_pre = B_raw  # unused: the heads load their own tiles
+        if EARLY == 0:
+            first = (B_raw, B_raw, B_raw, B_raw, B_raw, B_raw, B_raw)  # unused: the heads load their own
+        else:
+            first = (X0, dth0, dtn0, A0, D0, zz0, S_pre)
         if GRAM16:  # 16-bit B and C: exact products, fp32 accumulation
             Gm = tl.dot(B_raw, tl.trans(Cw))
         else:
@@ -836,7 +775,7 @@ def _tma_program(
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
                        BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN, RING_ALL or EARLY)
+                       IDX64, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN, (2 if EARLY == 3 else 1) if EARLY else 0)
         elif flush:
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
@@ -844,7 +783,7 @@ def _tma_program(
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
                        BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 1, PF_AHEAD, PF_TILE, DYN, RING_ALL or EARLY)
+                       IDX64, 1, PF_AHEAD, PF_TILE, DYN, (2 if EARLY == 3 else 1) if EARLY else 0)
         else:
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
@@ -852,7 +791,7 @@ def _tma_program(
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
                        BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 0, PF_AHEAD, PF_TILE, DYN, RING_ALL or EARLY)
+                       IDX64, 0, PF_AHEAD, PF_TILE, DYN, (2 if EARLY == 3 else 1) if EARLY else 0)
         _stamp(trace, slot + 3, nh, TRACE)
         if TRACE:
             tl.store(trace + 2 * (slot + 4), nh)
@@ -884,8 +823,7 @@ def _verify_tma_kernel(
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
     ROUTE: tl.constexpr, PERSIST: tl.constexpr, BLOCK_ROWS: tl.constexpr, FLUSH_W: tl.constexpr,
-    NONFLUSH_W: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr, RING_ALL: tl.constexpr,
-    EARLY: tl.constexpr, KEEP_ROW: tl.constexpr,
+    NONFLUSH_W: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr,
 ):
     # what every program passes on but the constants (a tuple's constants would lose their constexpr type)
     rt = (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr,
@@ -900,10 +838,10 @@ def _verify_tma_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     if PERSIST == 0:  # one program per (row, head block, P tile)
         pid = tl.program_id(0)
-        _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt, trace, 2, (pid, pid),
+        _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt, trace, 2,
             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
             DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD,
-            PF_TILE, ROUTE, False, TRACE, RING_ALL, EARLY)
+            PF_TILE, ROUTE, False, TRACE, EARLY)
         segs = 1
     else:
         # a persistent grid over the route's rows (flush rows for ROUTE 2), ranked on the device: an empty route
@@ -927,10 +865,10 @@ def _verify_tma_kernel(
                 r = tl.min(tl.where(rank == k // blocks, ridx, BLOCK_ROWS), axis=0)
                 pid = k % blocks
                 _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, r, rt, trace,
-                    2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1), (k, k),
+                    2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                     P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                     DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                    PF_AHEAD, PF_TILE, ROUTE, False, TRACE, False, EARLY)
+                    PF_AHEAD, PF_TILE, ROUTE, False, TRACE, EARLY)
                 segs += 1
                 k += tl.num_programs(0)
         else:  # PERSIST 2: each program streams an equal, contiguous share of the (row, P tile, head) items' cost,
@@ -953,10 +891,10 @@ def _verify_tma_kernel(
                     h = (j % H).to(tl.int32)
                     nh = tl.minimum(j_end - j, HPG - h % HPG).to(tl.int32)  # to the group's end or the share's
                     if nh > 0:
-                        _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1), (r, r),
+                        _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB,
                             HAS_Z, DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X,
-                            PF_B, PF_DT, PF_AHEAD, PF_TILE, ROUTE, True, TRACE, False, EARLY)
+                            PF_B, PF_DT, PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY)
                         segs += 1
                     x = tl.where(nh > 0, base + (j + nh) * w, base + per_row * w)  # past the segment, or the row
             else:  # one route's rows, every head of unit cost: route item x is head x % per_row of the route's
@@ -967,32 +905,19 @@ def _verify_tma_kernel(
                 end = (pid + 1) * total // tl.num_programs(0)
                 k = x // per_row
                 r = tl.min(tl.where(rank == k, ridx, BLOCK_ROWS), axis=0)
-                # KEEP_ROW: the row's cursors are loaded once per row; its later segments (groups) start at B's rows
-                if KEEP_ROW:
-                    page_k, lo_k, q_k, c_k, rs_k = _row_cursors(page_ptr, cu_ptr, nc_ptr, rs_ptr,
-                                                                tl.minimum(r, rows - 1))  # (an empty share)
-                else:
-                    page_k, lo_k, q_k, c_k, rs_k = r, r, r, r, r  # unused: each segment loads them
                 while x < end:
                     j = x - k * per_row
                     pt = (j // H).to(tl.int32)
                     h = (j % H).to(tl.int32)
                     nh = tl.minimum(end - x, HPG - h % HPG).to(tl.int32)  # to the group's (row's) end or the share's
                     _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
-                        (page_k, lo_k, q_k, c_k, rs_k),
                         P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                         DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                        PF_AHEAD, PF_TILE, ROUTE, True, TRACE, False, EARLY, KEEP_ROW)
+                        PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY)
                     segs += 1
                     x += nh
-                    k_next = x // per_row
-                    if KEEP_ROW:
-                        if (k_next != k) & (x < end):  # the route's next row
-                            r = tl.min(tl.where(rank == k_next, ridx, BLOCK_ROWS), axis=0)
-                            page_k, lo_k, q_k, c_k, rs_k = _row_cursors(page_ptr, cu_ptr, nc_ptr, rs_ptr, r)
-                    else:
-                        r = tl.min(tl.where(rank == k_next, ridx, BLOCK_ROWS), axis=0)  # the same row, or the next
-                    k = k_next
+                    k = x // per_row
+                    r = tl.min(tl.where(rank == k, ridx, BLOCK_ROWS), axis=0)  # the same row, or the route's next
     if PDL == 2:  # the second launch ends only once the first has (its rows are disjoint: nothing to wait for
         # before), so what follows both in the stream sees both launches' writes
         tl.extra.cuda.gdc_wait()
@@ -1163,7 +1088,9 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     ``kernel``: "tma" or "ldg", or None to choose: the TMA kernel wherever the geometry allows
     (:func:`tma_block_p`) and, on the GPU, the ring has at most 32 rows (its 64-row sequence tile
     measured slower than the LDG kernel's), one head and 64 head-dim rows per program, registers
-    capped at 96 (5 programs per SM); a grid of at most one program per SM (batch 1) instead runs
+    capped at 96 (5 programs per SM), the head's gathers and tile copy issued beside B's rows (``EARLY`` 3:
+    one dependent round trip fewer, 7-12 % faster at batch 1-32; on the streamed launches below it measured
+    no faster, so they keep the plain order); a grid of at most one program per SM (batch 1) instead runs
     uncapped with L2 prefetches (``L2PF`` 2: measured 4-11 % faster there, slower at batch 8, within
     noise at 64-256 non-flush, 2-5 % faster on flush rows); a grid of at least 48 heads per SM and at
     most ``_STREAM_ROWS`` rows (batch 64-1024 at H=128) takes the route-split launches (``SPLIT`` 1,
@@ -1191,7 +1118,9 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
             # the pipelined launch only as measured: 16 heads per program, 32 KB tiles (fp32, 64 x 128)
             pipelined = tma_heads(H, G) == 16 and cfg["BLOCK_P"] * N * state_size == 32768
             if programs <= _num_sms(device):
-                cfg["L2PF"] = 2  # under one program per SM: latency-bound, the prefetches overlap the round trips
+                # under one program per SM: latency-bound, the prefetches overlap the round trips; EARLY 3 (the
+                # gathers and the tile copy beside B's rows): 6.62 -> 5.75 us at batch 1 (session 11, run 2)
+                cfg.update(L2PF=2, EARLY=3)
             elif pipelined and programs >= 48 * _num_sms(device) and rows <= _STREAM_ROWS:
                 # batch >= 64 at H=128: the route-split launches. Non-flush rows: 3 persistent programs per SM
                 # (168 registers, one 32 KB tile buffer each) stream equal shares of the heads, the next head's
@@ -1210,8 +1139,8 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                 # issues only at the iteration's end: 6 % faster on flush rows, the same on the others; 2 or
                 # more heads ahead measured slower (session 8, runs 1 and 4-7)
                 cfg.update(HEADS=16, HSTAGES=2, FOLD_N=_pow2(N), PFHEADS=1)
-            else:
-                cfg["maxnreg"] = 96  # 5 programs per SM (43 KB of shared memory each)
+            else:  # 5 programs per SM (43 KB of shared memory each); EARLY 3 measured 7-10 % faster at batch 8-32
+                cfg.update(maxnreg=96, EARLY=3)
         return cfg
     HPG = H // max(G, 1)
     if not _compiled(device):
@@ -1317,11 +1246,9 @@ def replay_verify(
             share of the (row, P tile, head) items: 1 the non-flush launch with SPLIT, or both routes in one
             launch without it, a flush row's heads weighted ``FLUSH_W`` / 4; 2 both SPLIT launches; at most
             1,024 rows), ``PDL`` (1 with SPLIT, GPU only: the flush launch starts as the first launch's
-            programs exit and ends only after it), ``RING_ALL`` (1 with one head per program and neither SPLIT nor
-            STREAM: the whole rings and the window's rows load with the cursors, put in sequence order by register
-            gathers, instead of after them), ``EARLY`` (1: each segment's first head's gathers go out with B's
-            rows, before the Gram, instead of after it), ``KEEP_ROW`` (1 with SPLIT and STREAM: a streamed
-            program loads a row's cursors once, not once per group segment), ``num_warps``,
+            programs exit and ends only after it), ``EARLY`` (1: each segment's first head's gathers go out right after
+            B's rows, before the Gram, instead of after it; 2: right before B's rows; 3, one head per program and
+            no STREAM: as 2, and the head's tile copy too), ``num_warps``,
             ``num_stages``, ``maxnreg`` (register cap, GPU only). Results agree to fp32/tf32 rounding
             across configs.
         trace: diagnostics, TMA kernel on the GPU only: (2, programs, 32, 2) int64, caller-owned. Launch ``j`` (0,
@@ -1427,17 +1354,10 @@ def replay_verify(
         if PDL not in (0, 1) or (PDL and not SPLIT):
             raise ConfigError(f"config PDL must be 0 or 1 (1 with SPLIT=1), got {PDL}")
         pdl_on = bool(PDL) and _compiled(dev)
-        keep_row = cfg.get("KEEP_ROW", 0)
-        if keep_row not in (0, 1) or (keep_row and not (SPLIT and STREAM)):
-            raise ConfigError(f"config KEEP_ROW must be 0 or 1 (1 with SPLIT=1 and STREAM), got {keep_row} with "
-                              f"SPLIT={SPLIT}, STREAM={STREAM}")
         early = cfg.get("EARLY", 0)
-        if early not in (0, 1):
-            raise ConfigError(f"config EARLY must be 0 or 1, got {early}")
-        ring_all = cfg.get("RING_ALL", 0)
-        if ring_all not in (0, 1) or (ring_all and (HEADS != 1 or SPLIT or STREAM)):
-            raise ConfigError(f"config RING_ALL must be 0 or 1 (1 with one head per program, no SPLIT or STREAM), "
-                              f"got {ring_all} with HEADS={HEADS}, SPLIT={SPLIT}, STREAM={STREAM}")
+        if early not in (0, 1, 2, 3) or (early == 3 and (HEADS != 1 or STREAM)):
+            raise ConfigError(f"config EARLY must be 0, 1, 2 or 3 (3 with one head per program, no STREAM), got "
+                              f"{early} with HEADS={HEADS}, STREAM={STREAM}")
         desc = TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N])
         tile_bytes = BLOCK_P * N * checkpoint.element_size()  # one head's checkpoint tile
 
@@ -1452,8 +1372,7 @@ def replay_verify(
                 **_l2_prefetch(l2pf, tile_bytes, x_ring, B_ring, dt_ring, heads, dev),
                 PF_AHEAD=pfheads if _compiled(dev) else 0, PF_TILE=tile_bytes,
                 ROUTE=route, PERSIST=persist, BLOCK_ROWS=_pow2(rows) if persist else 16, FLUSH_W=flush_w,
-                NONFLUSH_W=4, PDL=pdl, TRACE=trace is not None, RING_ALL=bool(ring_all),
-                EARLY=bool(early) and not ring_all, KEEP_ROW=bool(keep_row),
+                NONFLUSH_W=4, PDL=pdl, TRACE=trace is not None, EARLY=early,
                 **launch_flags, **({"launch_pdl": True} if pdl == 2 else {}),
             )
 
@@ -1543,7 +1462,7 @@ def _l2_prefetch(level: int, tile_bytes: int, x_ring: Tensor, B_ring: Tensor, dt
 #: config keys :func:`replay_verify` accepts, and those that only the LDG / the TMA kernel reads
 _LDG_KEYS = frozenset({"HPP", "NC", "NS", "FUSE", "PREFETCH"})
 _TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES", "PFHEADS", "SPLIT", "SPLIT_HEADS", "STREAM", "PROGS",
-                       "FLUSH_W", "PDL", "RING_ALL", "EARLY", "KEEP_ROW"})
+                       "FLUSH_W", "PDL", "EARLY"})
 #: most rows a STREAM launch ranks (its rank vector lives in registers: BLOCK_ROWS / 128 per thread)
 _STREAM_ROWS = 1024
 #: TMA keys that choose the launch shape: a config naming one gets none of the heuristic's shape keys
