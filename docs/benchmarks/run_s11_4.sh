@@ -1,6 +1,7 @@
 #!/bin/bash
-# Session 11, run 4: the run-3 default against FlashInfer 0.7.2.post1 in one process, with a sweep of EARLY=4
-# (each head's tile copied only after its sequence product, for a tile an L2 prefetch brought in): on the one-head
+# Session 11, run 4 (from commit a6bffa6, branch session11-early4: EARLY=4 measured slower everywhere and was
+# dropped from main after this run): the run-3 default against FlashInfer 0.7.2.post1 in one process, with a sweep
+# of EARLY=4 (each head's tile copied only after its sequence product, for a tile an L2 prefetch brought in): on the one-head
 # launch with the L2 prefetch levels, on the streamed launches, and the one-head launch at 64. FlashInfer's T=4 JIT
 # runs beside the GPU tests of the EARLY configs; then bench_verify (T=4, W=16, every batch), which reports ours with
 # the fastest non-flush config per point next to FlashInfer and the default (sweep_results) per point.

@@ -528,7 +528,7 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
               HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
               READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
               IDX64: tl.constexpr, FLUSH: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
-              NEXT: tl.constexpr, PRE_TILE: tl.constexpr, LATE: tl.constexpr):
+              NEXT: tl.constexpr, PRE_TILE: tl.constexpr):
     """Head ``h0 + i`` of a :func:`_tma_heads` loop whose last head is ``h0 + last``; its gathers
     (``X_raw`` .. ``zz``) were issued one iteration earlier. Returns head ``i + 1``'s gathers, issued here
     (``NEXT``; else this head's again)."""
@@ -545,10 +545,10 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
         X_n, dth_n, dtn_n, A_n, D_n, zz_n = X_raw, dth, dtn, A, Dh, zz
     xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
     dtr_h = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
-    # the checkpoint tile: one TMA copy into shared memory (LATE: after the sequence's product, which needs none)
+    # the checkpoint tile: one TMA copy into shared memory
     if PRE_TILE:  # EARLY 3: one head per program, its tile loaded by the caller before the Gram
         S0 = S_pre
-    elif not LATE:
+    else:
         S0 = ck_desc.load([ck_row0 + i * P, 0])
     # Λ over the sequence, the causal factors F[k, s] = (B_k·C_s) dt_k e^{A (Λ_{c+s} - Λ_k)}
     if DT_SOFTPLUS:
@@ -562,21 +562,12 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
         F += tl.where(diag, Dh, 0.0)
     # y_s = e^{A Λ_w} S0 C_s + Σ_k F[k, s] x_k: the readout from shared memory, then the sequence,
     # both products into one accumulator (the decays scale the readout's columns)
+    if READ16:  # 16-bit checkpoint in C's dtype: exact products, decays on the accumulator
+        Y = tl.dot(S0, CwT) * _decay(A, lam_w)[None, :]
+    else:  # the decays on the accumulator too: C's operand is the same for every head of the loop
+        Y = tl.dot(S0.to(tl.float32), CwT, input_precision=DOT_PREC) * _decay(A, lam_w)[None, :]
     XT = tl.trans(X_raw.to(tl.float32))
-    if LATE and not READ16:  # EARLY 4: the sequence first, then the tile (an L2 hit where it was prefetched) and
-        # the readout onto it, the decays on C's operand (on the accumulator, Triton would fold the sequence's
-        # product into the readout's, after the tile)
-        Y = tl.dot(XT, F, input_precision=DOT_PREC)
-        S0 = ck_desc.load([ck_row0 + i * P, 0])
-        Y = tl.dot(S0.to(tl.float32), CwT * _decay(A, lam_w)[None, :], Y, input_precision=DOT_PREC)
-    else:
-        if LATE:  # a 16-bit checkpoint keeps the order (C's operand would round the decays)
-            S0 = ck_desc.load([ck_row0 + i * P, 0])
-        if READ16:  # 16-bit checkpoint in C's dtype: exact products, decays on the accumulator
-            Y = tl.dot(S0, CwT) * _decay(A, lam_w)[None, :]
-        else:  # the decays on the accumulator too: C's operand is the same for every head of the loop
-            Y = tl.dot(S0.to(tl.float32), CwT, input_precision=DOT_PREC) * _decay(A, lam_w)[None, :]
-        Y = tl.dot(XT, F, Y, input_precision=DOT_PREC)
+    Y = tl.dot(XT, F, Y, input_precision=DOT_PREC)
     if HAS_Z:
         z = zz.to(tl.float32)
         Y *= z * tl.sigmoid(z)
@@ -658,7 +649,7 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                 s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                 is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
                 zz_n, S_pre, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
-                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, True, False, FIRST == 3)
+                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, True, False)
             i += 1
     else:
         for i in tl.range(0, HEADS, num_stages=HSTAGES):
@@ -668,8 +659,7 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                 s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                 is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
                 zz_n, S_pre, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
-                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, HEADS > 1, FIRST == 2,
-                FIRST == 3)
+                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, HEADS > 1, FIRST == 2)
 
 
 @triton.jit
@@ -778,9 +768,6 @@ def _tma_program(
         # the fold mode as a constant where it is known at compile time (one route's rows; one head deciding inside
         # its loop), else one call per route so each loop body holds only its own values: a static loop over the
         # modes compiled to a different build (200 more instructions, 255 registers), not the one measured
-        # _tma_heads' FIRST: 0 it loads the first head's gathers itself, 1 they are ``first``, 2 also its tile
-        # (EARLY 3), 3 they are ``first`` and every tile is copied late (EARLY 4)
-        FIRST_MODE: tl.constexpr = (EARLY - 1 if EARLY >= 3 else 1) if EARLY else 0
         if ROUTE != 0 or (HEADS == 1 and not DYN):
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
@@ -788,8 +775,7 @@ def _tma_program(
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
                        BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE,
-                       DYN, FIRST_MODE)
+                       IDX64, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN, (2 if EARLY == 3 else 1) if EARLY else 0)
         elif flush:
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
@@ -797,8 +783,7 @@ def _tma_program(
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
                        BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 1, PF_AHEAD, PF_TILE,
-                       DYN, FIRST_MODE)
+                       IDX64, 1, PF_AHEAD, PF_TILE, DYN, (2 if EARLY == 3 else 1) if EARLY else 0)
         else:
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
@@ -806,8 +791,7 @@ def _tma_program(
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
                        BLOCK_P,
                        BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 0, PF_AHEAD, PF_TILE,
-                       DYN, FIRST_MODE)
+                       IDX64, 0, PF_AHEAD, PF_TILE, DYN, (2 if EARLY == 3 else 1) if EARLY else 0)
         _stamp(trace, slot + 3, nh, TRACE)
         if TRACE:
             tl.store(trace + 2 * (slot + 4), nh)
@@ -1264,8 +1248,7 @@ def replay_verify(
             1,024 rows), ``PDL`` (1 with SPLIT, GPU only: the flush launch starts as the first launch's
             programs exit and ends only after it), ``EARLY`` (1: each segment's first head's gathers go out right after
             B's rows, before the Gram, instead of after it; 2: right before B's rows; 3, one head per program and
-            no STREAM: as 2, and the head's tile copy too; 4: as 2, and each head's tile copied only after its
-            sequence product, for a tile an L2 prefetch brought in), ``num_warps``,
+            no STREAM: as 2, and the head's tile copy too), ``num_warps``,
             ``num_stages``, ``maxnreg`` (register cap, GPU only). Results agree to fp32/tf32 rounding
             across configs.
         trace: diagnostics, TMA kernel on the GPU only: (2, programs, 32, 2) int64, caller-owned. Launch ``j`` (0,
@@ -1372,8 +1355,8 @@ def replay_verify(
             raise ConfigError(f"config PDL must be 0 or 1 (1 with SPLIT=1), got {PDL}")
         pdl_on = bool(PDL) and _compiled(dev)
         early = cfg.get("EARLY", 0)
-        if early not in (0, 1, 2, 3, 4) or (early == 3 and (HEADS != 1 or STREAM)):
-            raise ConfigError(f"config EARLY must be 0-4 (3 with one head per program, no STREAM), got "
+        if early not in (0, 1, 2, 3) or (early == 3 and (HEADS != 1 or STREAM)):
+            raise ConfigError(f"config EARLY must be 0, 1, 2 or 3 (3 with one head per program, no STREAM), got "
                               f"{early} with HEADS={HEADS}, STREAM={STREAM}")
         desc = TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N])
         tile_bytes = BLOCK_P * N * checkpoint.element_size()  # one head's checkpoint tile
