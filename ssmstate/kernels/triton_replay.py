@@ -768,30 +768,29 @@ def _tma_program(
         # the fold mode as a constant where it is known at compile time (one route's rows; one head deciding inside
         # its loop), else one call per route so each loop body holds only its own values: a static loop over the
         # modes compiled to a different build (200 more instructions, 255 registers), not the one measured
+        # _tma_heads' FIRST: 0 it loads the first head's gathers itself, 1 they are ``first``, 2 also its tile (EARLY 3)
+        FIRST: tl.constexpr = (2 if EARLY == 3 else 1) if EARLY else 0
         if ROUTE != 0 or (HEADS == 1 and not DYN):
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                        s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
-                       BLOCK_P,
-                       BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN, (2 if EARLY == 3 else 1) if EARLY else 0)
+                       BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
+                       FOLD_PREC, IDX64, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN, FIRST)
         elif flush:
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                        s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
-                       BLOCK_P,
-                       BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 1, PF_AHEAD, PF_TILE, DYN, (2 if EARLY == 3 else 1) if EARLY else 0)
+                       BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
+                       FOLD_PREC, IDX64, 1, PF_AHEAD, PF_TILE, DYN, FIRST)
         else:
             _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                        nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                        s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                        is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
-                       BLOCK_P,
-                       BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC,
-                       IDX64, 0, PF_AHEAD, PF_TILE, DYN, (2 if EARLY == 3 else 1) if EARLY else 0)
+                       BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
+                       FOLD_PREC, IDX64, 0, PF_AHEAD, PF_TILE, DYN, FIRST)
         _stamp(trace, slot + 3, nh, TRACE)
         if TRACE:
             tl.store(trace + 2 * (slot + 4), nh)
