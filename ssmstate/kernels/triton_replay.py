@@ -1088,7 +1088,7 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     (:func:`tma_block_p`) and, on the GPU, the ring has at most 32 rows (its 64-row sequence tile
     measured slower than the LDG kernel's), one head and 64 head-dim rows per program, registers
     capped at 96 (5 programs per SM), the head's gathers and tile copy issued beside B's rows (``EARLY`` 3:
-    one dependent round trip fewer, 7-12 % faster at batch 1-32; on the streamed launches below it measured
+    one dependent round trip fewer, 7-13 % faster at batch 1-32; on the streamed launches below it measured
     no faster, so they keep the plain order); a grid of at most one program per SM (batch 1) instead runs
     uncapped with L2 prefetches (``L2PF`` 2: measured 4-11 % faster there, slower at batch 8, within
     noise at 64-256 non-flush, 2-5 % faster on flush rows); a grid of at least 48 heads per SM and at
@@ -1138,7 +1138,7 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                 # issues only at the iteration's end: 6 % faster on flush rows, the same on the others; 2 or
                 # more heads ahead measured slower (session 8, runs 1 and 4-7)
                 cfg.update(HEADS=16, HSTAGES=2, FOLD_N=_pow2(N), PFHEADS=1)
-            else:  # 5 programs per SM (43 KB of shared memory each); EARLY 3 measured 7-10 % faster at batch 8-32
+            else:  # 5 programs per SM (43 KB of shared memory each); EARLY 3 measured 7-9 % faster at batch 8-32
                 cfg.update(maxnreg=96, EARLY=3)
         return cfg
     HPG = H // max(G, 1)
