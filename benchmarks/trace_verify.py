@@ -42,9 +42,10 @@ import torch  # noqa: E402
 
 import bench_verify as bv  # noqa: E402
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig  # noqa: E402
+from ssmstate.kernels import triton_replay as trk  # noqa: E402
 
-SLOTS = 32
-SEGS = 5  # segments whose stamps a program keeps (later ones reuse the last)
+SLOTS = trk.TRACE_SLOTS  # stamps per program
+SEGS = trk.TRACE_SEGS  # segments whose stamps a program keeps (later ones reuse the last)
 
 
 def replay_graph(fns, reps: int = 3) -> None:
@@ -126,8 +127,6 @@ def summarize(calls: list[dict]) -> dict:
 
 
 def run_point(pool, layout, b: int, scen: str, cs: list[int], cfg, args) -> dict:
-    from ssmstate.kernels import triton_replay as trk
-
     T, W, R = layout.spec.num_tokens, layout.spec.window, layout.spec.ring_len
     page_bytes = layout.layer_page_bytes
     nsets = max(2, math.ceil(4 * args.l2 / (b * page_bytes)))

@@ -58,8 +58,10 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 #: the TMA kernel's diagnostics trace (``replay_verify(trace=...)``): int64 stamps per program, and the segments
 #: (a row's run of heads) whose stamps it keeps (later ones share the last slots)
-_TRACE_SLOTS: tl.constexpr = tl.constexpr(32)
-_TRACE_SEGS: tl.constexpr = tl.constexpr(5)
+TRACE_SLOTS = 32
+TRACE_SEGS = 5
+_TRACE_SLOTS: tl.constexpr = tl.constexpr(TRACE_SLOTS)
+_TRACE_SEGS: tl.constexpr = tl.constexpr(TRACE_SEGS)
 
 
 
@@ -1391,13 +1393,10 @@ def replay_verify(
         # launch ran, which writes outputs and ring rows past the committed ones, never a cursor or a checkpoint
         try:
             fold_n = int(cfg.get("FOLD_N", 32 if _compiled(dev) else N))
-            if STREAM:  # PROGS programs per SM, each streaming an equal share of the heads' cost (SPLIT: the
-                # non-flush rows' heads)
-                launch(grid, HEADS, 1, fold_n, PFHEADS, int(cfg.get("L2PF", 0)), flags,
-                       route=1 if SPLIT else 0, persist=2, pdl=1 if pdl_on else 0)
-            else:
-                launch(grid, HEADS, HSTAGES, fold_n, PFHEADS,
-                       int(cfg.get("L2PF", 0)), flags, route=1 if SPLIT else 0, persist=0, pdl=1 if pdl_on else 0)
+            # STREAM: PROGS programs per SM, each streaming an equal share of the heads' cost (SPLIT: the non-flush
+            # rows' heads), one tile buffer; else one program per (row, head block, P tile)
+            launch(grid, HEADS, 1 if STREAM else HSTAGES, fold_n, PFHEADS, int(cfg.get("L2PF", 0)), flags,
+                   route=1 if SPLIT else 0, persist=2 if STREAM else 0, pdl=1 if pdl_on else 0)
             if SPLIT:  # flush rows: a persistent launch, uncapped: (row, head block) items round-robin, or streamed
                 flush_flags = {k: v for k, v in flags.items() if k != "maxnreg"}
                 if STREAM == 2:
