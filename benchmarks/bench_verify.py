@@ -70,6 +70,15 @@ SWEEP = [
 ]
 
 
+def split_config(cfg: dict | None, default_rc: int) -> tuple[dict | None, bool]:
+    """A sweep config's launch keys and whether it passes row cursors (its ``ROW_CURSORS`` key, a benchmark
+    key: ``replay_verify(row_cursors=...)``, not a launch config; ``--row-cursors`` when absent)."""
+    if cfg is None or "ROW_CURSORS" not in cfg:
+        return cfg, bool(default_rc)
+    rest = {k: v for k, v in cfg.items() if k != "ROW_CURSORS"}
+    return rest or None, bool(cfg["ROW_CURSORS"])
+
+
 def log(*a):
     print(*a, flush=True)
 
@@ -249,25 +258,31 @@ def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbp
         row = {"T": T, "W": W, "batch": b, "page_sets": nsets, "c_nonflush": c_nf, "c_flush": c_fl,
                "flush_fraction": flush_frac}
 
-        def ours(ids, cfg=None):
+        # each set's row cursors, as StepPlan.row_cursors: gathered per step, outside the timed graphs
+        rcs = [torch.zeros((2, b), dtype=torch.int32, device=DEV) for _ in sets]
+
+        def ours(j, cfg=None):
+            cfg, use_rc = split_config(cfg, args.row_cursors)
             return lambda: trk.replay_verify(pool.ck, pool.xr, pool.Br, pool.dtr, pool.rs, pool.nc, x, dt, pool.A,
-                                             B, C, ids, cu, W, out, D=pool.D, dt_bias=pool.dt_bias, config=cfg)
+                                             B, C, sets[j], cu, W, out, D=pool.D, dt_bias=pool.dt_bias, config=cfg,
+                                             row_cursors=rcs[j] if use_rc else None)
 
         def set_c(cs):
-            for ids in sets:
+            for ids, rc in zip(sets, rcs):
                 pool.nc[ids.long()] = torch.tensor(cs, dtype=torch.int32, device=DEV)
+                rc.copy_(torch.stack((pool.rs[ids.long()], pool.nc[ids.long()])))
 
         mixed_cs, _ = steady_state(T, W, b, seed=b)
         scen = {"nonflush": [c_nf] * b, "flush": [c_fl] * b, "mixed": mixed_cs}
         cfg_used = None
         set_c(scen["nonflush"])
         row["heuristic"] = trk.verify_config(b, H, P, N, R, T, torch.device(DEV), G)
-        row["ours_default_nonflush_us"] = time_calls([ours(ids) for ids in sets], args.reps)
+        row["ours_default_nonflush_us"] = time_calls([ours(j) for j in range(nsets)], args.reps)
         if args.sweep:
             # every candidate on both routes; ours_* below use the fastest non-flush candidate
             for name in ("flush", "mixed"):
                 set_c(scen[name])
-                row[f"ours_default_{name}_us"] = time_calls([ours(ids) for ids in sets], args.reps)
+                row[f"ours_default_{name}_us"] = time_calls([ours(j) for j in range(nsets)], args.reps)
             results = [{"config": dict(row["heuristic"]), "default": True,
                         "nonflush_us": row["ours_default_nonflush_us"], "flush_us": row["ours_default_flush_us"],
                         "mixed_us": row["ours_default_mixed_us"]}]
@@ -278,7 +293,7 @@ def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbp
                 try:
                     for name in ("nonflush", "flush", "mixed"):
                         set_c(scen[name])
-                        res[f"{name}_us"] = time_calls([ours(ids, cfg) for ids in sets], args.reps)
+                        res[f"{name}_us"] = time_calls([ours(j, cfg) for j in range(nsets)], args.reps)
                 except Exception as exc:  # a candidate that does not compile or launch is recorded and skipped
                     res["error"] = repr(exc)[:300]
                     log(f"  sweep b={b} {cfg}: failed {res['error']:.200}")
@@ -301,7 +316,13 @@ def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbp
             row["config_used"] = row["heuristic"]
         for name, cs in scen.items():
             set_c(cs)
-            row[f"ours_{name}_us"] = time_calls([ours(ids, cfg_used) for ids in sets], args.reps)
+            row[f"ours_{name}_us"] = time_calls([ours(j, cfg_used) for j in range(nsets)], args.reps)
+        # the per-step row-cursor gather (StepPlan.row_cursors; once per step, not per layer): the manager's
+        # index_select over the cursors into a persistent buffer
+        cur2 = torch.stack((pool.rs, pool.nc)).t()
+        gbuf = torch.zeros((b, 2), dtype=torch.int32, device=DEV)
+        row["ours_gather_us"] = time_calls(
+            [lambda ids=ids: torch.index_select(cur2, 0, ids, out=gbuf) for ids in sets], args.reps)
         # commit: one single-program launch per step (accepted = pending = 0 keeps it idempotent)
         acc = torch.zeros(b, dtype=torch.int32, device=DEV)
         err = torch.zeros(1, dtype=torch.int32, device=DEV)
@@ -490,6 +511,9 @@ def main() -> None:
     ap.add_argument("--sweep-configs", default=None,
                     help="JSON list of launch configs to sweep instead of SWEEP (implies --sweep)")
     ap.add_argument("--no-flashinfer", action="store_true")
+    ap.add_argument("--row-cursors", type=int, default=1, choices=(0, 1),
+                    help="ours reads each row's cursors from a per-step gather (StepPlan.row_cursors, as the manager "
+                         "passes them; 1) or at its page (0); a sweep config's ROW_CURSORS key overrides it")
     ap.add_argument("--fi-configs", default=None,
                     help="T:W pairs that also run FlashInfer (default: every pair with W <= 16); FlashInfer "
                          "JIT-compiles checkpointing_ssu once per T, minutes each")

@@ -10,7 +10,8 @@ the benchmark geometry (Nemotron-H layer: H=128, P=64, N=128, G=8, fp32 state, b
 the GPU heuristic in force, and compiled through Triton's own argument binder so the specialization
 (16-byte alignment, divisibility, constants) matches a real launch.
 
-Run: ``python benchmarks/kernel_resources.py --batch 256 --T 4 --W 16 [--config '{"BLOCK_P": 32}']``.
+Run: ``python benchmarks/kernel_resources.py --batch 256 --T 4 --W 16 [--config '{"BLOCK_P": 32}']``; the
+launch passes row cursors as the manager does (``StepPlan.row_cursors``) unless a config says ``"ROW_CURSORS": 0``.
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ def capture(batch: int, T: int, W: int, config: dict | None):
     out = torch.empty(L, H, P, dtype=bf)
     page_ids = torch.arange(1, batch + 1, dtype=torch.int32)
     cu = torch.arange(0, L + 1, T, dtype=torch.int32)
+    # the manager's launch passes StepPlan.row_cursors; a ROW_CURSORS: 0 key builds the launch without them
+    config = dict(config or {})
+    use_rc = bool(config.pop("ROW_CURSORS", 1))
+    rc = torch.zeros((batch, 2), dtype=torch.int32).t() if use_rc else None
     names = [n for n in dir(tr) if n.endswith("_kernel") and n.startswith(("_replay_verify", "_verify_"))]
     caps = {n: _Capture(getattr(tr, n)) for n in names}
     saved = {n: getattr(tr, n) for n in names}
@@ -85,7 +90,7 @@ def capture(batch: int, T: int, W: int, config: dict | None):
     tr._num_sms = lambda device: SMS
     try:
         tr.replay_verify(ck, xr, Br, dtr, rs, nc, x, dt, A, B, C, page_ids, cu, W, out, D=D, dt_bias=dtb, z=z,
-                         config=config)
+                         config=config or None, row_cursors=rc)
     finally:
         for n, f in saved.items():
             setattr(tr, n, f)

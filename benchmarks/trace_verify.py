@@ -141,11 +141,13 @@ def run_point(pool, layout, b: int, scen: str, cs: list[int], cfg, args) -> dict
     x, dt, B, C, out = pool.x[:L], pool.dt[:L], pool.B[:L], pool.C[:L], pool.out[:L]
     progs = max(bv.H * (bv.P // 64) * b, 16 * args.sms)  # the one-head grid, or persistent launches' programs
     traces = torch.zeros(nsets, 2, progs, SLOTS, 2, dtype=torch.int64, device="cuda")
+    launch_cfg, use_rc = bv.split_config(cfg, args.row_cursors)  # as bench_verify: row cursors by default
+    rcs = [torch.stack((pool.rs[ids.long()], pool.nc[ids.long()])) if use_rc else None for ids in sets]
 
     def call(i, ids, traced):
         return lambda: trk.replay_verify(pool.ck, pool.xr, pool.Br, pool.dtr, pool.rs, pool.nc, x, dt, pool.A, B, C,
-                                         ids, cu, W, out, D=pool.D, dt_bias=pool.dt_bias, config=cfg,
-                                         trace=traces[i] if traced else None)
+                                         ids, cu, W, out, D=pool.D, dt_bias=pool.dt_bias, config=launch_cfg,
+                                         trace=traces[i] if traced else None, row_cursors=rcs[i])
 
     row = {"batch": b, "scenario": scen, "T": T, "W": W, "page_sets": nsets, "config": cfg,
            "heuristic": trk.verify_config(b, bv.H, bv.P, bv.N, R, T, torch.device("cuda"), bv.G)}
@@ -177,7 +179,10 @@ def main() -> None:
     ap.add_argument("--T", type=int, default=4)
     ap.add_argument("--W", type=int, default=16)
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--config", action="append", default=[], help="JSON launch config (repeatable; default: heuristic)")
+    ap.add_argument("--config", action="append", default=[],
+                    help="JSON launch config (repeatable; default: heuristic); a ROW_CURSORS key as in bench_verify")
+    ap.add_argument("--row-cursors", type=int, default=1, choices=(0, 1),
+                    help="pass each row's cursors gathered per step (StepPlan.row_cursors; 1) or not (0)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("trace_verify.py needs a CUDA GPU")

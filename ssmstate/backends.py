@@ -55,7 +55,8 @@ class ReferenceBackend:
                                      plan.cu_seqlens_host, out, D=D, dt_bias=dt_bias, z=z)
         return ref.replay_verify(t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start,
                                  cache.num_committed, x, dt, A, B, C, plan.page_ids_host, plan.cu_seqlens_host,
-                                 cache.layout.spec.window, out, D=D, dt_bias=dt_bias, z=z)
+                                 cache.layout.spec.window, out, D=D, dt_bias=dt_bias, z=z,
+                                 row_cursors=plan.row_cursors)
 
     def conv(self, cache, layer, plan, xBC, weight, bias, activation, out):
         return ref.conv_update(cache.layers[layer]["conv"], cache.conv_shift, xBC, weight, bias,

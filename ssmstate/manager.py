@@ -140,6 +140,9 @@ class StateManager:
             self._accepted_buf = torch.zeros((rows,), **i32)
             self._pending_np = None
         self.error_flag = torch.zeros((1,), **i32)
+        # each row's (ring_start, num_committed), gathered per step (StepPlan.row_cursors); (rows, 2) so a
+        # row's pair is one gathered row, handed out as its (2, rows) transpose
+        self._row_cursor_buf = torch.zeros((rows, 2), **i32) if layout.scheme == "replay" else None
 
     # -- properties -------------------------------------------------------------
     @property
@@ -351,6 +354,7 @@ class StateManager:
             step_id=self._step, request_ids=ids, num_tokens=all_q, page_ids=tb[:, 0],
             page_table=tb, cu_seqlens=cb, page_ids_host=table_host[:, 0], page_table_host=table_host,
             cu_seqlens_host=cu_host, max_seqlen=num_tokens if uniform else max(all_q), total_tokens=int(cu[rows]),
+            row_cursors=self._gather_row_cursors(tb[:, 0]),
         )
         self._open_ids = open_ids
         self._open = plan
@@ -408,7 +412,7 @@ class StateManager:
         plan = StepPlan(
             step_id=self._step, request_ids=(), num_tokens=qs, page_ids=pids, page_table=tb, cu_seqlens=cb,
             page_ids_host=pids, page_table_host=tb, cu_seqlens_host=cb, max_seqlen=max_seqlen,
-            total_tokens=total_tokens, external=True,
+            total_tokens=total_tokens, external=True, row_cursors=self._gather_row_cursors(pids),
         )
         self._open_ids = frozenset()
         self._open = plan
@@ -426,6 +430,17 @@ class StateManager:
         p = page_ids.long()
         cur = self.cache.cursors
         cur[:, p] = torch.where(p != 0, torch.zeros_like(cur[:, p]), cur[:, p])
+        if self._open is not None and self._open.row_cursors is not None:  # keep the open step's copy current
+            self._gather_row_cursors(self._open.page_ids)
+
+    def _gather_row_cursors(self, page_ids: Tensor) -> Tensor | None:
+        """Gather each row's page cursors (ring_start, num_committed) into the persistent buffer, on the
+        device (one index_select, no sync); return its (2, rows) view, or None for the native scheme."""
+        if self._row_cursor_buf is None:
+            return None
+        buf = self._row_cursor_buf[: page_ids.shape[0]]
+        torch.index_select(self.cache.cursors[:2].t(), 0, page_ids, out=buf)
+        return buf.t()
 
     def _require_no_open_step(self) -> None:
         if self._open is not None:

@@ -299,3 +299,31 @@ def test_commit_host_and_device_paths_agree():
             outs.append((c, flag))
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), trial
         assert torch.equal(outs[0][0][:, 0], cur[:, 0])  # page 0 untouched
+
+
+def test_step_gathers_row_cursors(mgr):
+    """``StepPlan.row_cursors``: each row's page's (ring_start, num_committed) when the step began, padding rows
+    included (page 0's), for host- and engine-built steps; ``reset_cursors`` on an open step gathers them again;
+    the reference checks them on every verify. The native scheme has none."""
+    m = mgr
+    x, dt, B, C, A = _inputs(m, 9)
+    for accepted in ([3, 1], [2, 3], [1, 2]):  # cursors move: appended rows, then a flush
+        plan = m.begin_step(["a", "b"], 3, pad_to=3)
+        want = m.cache.cursors[:2, plan.page_ids.long()]
+        assert plan.row_cursors.dtype == torch.int32 and torch.equal(plan.row_cursors, want)
+        for layer in range(2):
+            m.verify(layer, plan, x, dt, B, C, A)
+        m.commit(plan, accepted)
+    assert int(m.cache.num_committed[m.page_of("a")]) > 0
+    plan = m.begin_step_from_tensors(torch.tensor([m.page_of("b"), 0], dtype=torch.int32),
+                                     torch.tensor([0, 2, 2], dtype=torch.int32), 2, 3)
+    assert torch.equal(plan.row_cursors, m.cache.cursors[:2, plan.page_ids.long()])
+    m.reset_cursors(torch.tensor([m.page_of("b")], dtype=torch.int32))
+    assert plan.row_cursors[:, 0].tolist() == [0, 0]
+    m.verify(0, plan, x[:2], dt[:2], B[:2], C[:2], A)  # the reference's check passes
+    m.cache.num_committed[m.page_of("b")] = 1  # a cursor moved behind the manager's back: refused
+    with pytest.raises(LifecycleError, match="stale"):
+        m.verify(1, plan, x[:2], dt[:2], B[:2], C[:2], A)
+    native = StateManager(PageLayout.native(m.geometry, SpecConfig(2)), num_pages=4)
+    native.admit("a")
+    assert native.begin_step(["a"], 1).row_cursors is None

@@ -37,7 +37,9 @@ from ssmstate.errors import ConfigError  # noqa: E402
 from ssmstate.kernels import reference as ref  # noqa: E402
 from ssmstate.kernels import triton_conv as tcv  # noqa: E402
 from ssmstate.kernels import triton_replay as trk  # noqa: E402
-from tests.test_triton_common import compare_verify, make_case, rel, run_verify, verify_args  # noqa: E402
+from tests.test_triton_common import (  # noqa: E402
+    compare_verify, make_case, other_cursors, rel, run_verify, verify_args,
+)
 
 # No shrinking: the interpreter is slow and a failing example is reported as drawn.
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -581,5 +583,59 @@ def test_verify_trace_needs_the_gpu_tma_kernel():
                                     "TMA kernel only")):
         with pytest.raises(err, match=match):
             trk.replay_verify(*verify_args(case), out, trace=trace, config=cfg)
+    assert all(torch.equal(before[k], case["state"][k]) for k in before)
+    assert bool((out == 7.0).all())
+
+
+# -- row cursors (StepPlan.row_cursors) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("cfg", [
+    {"KERNEL": "tma"}, {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3}, {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2},
+    {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "SPLIT_HEADS": 2},
+    {"KERNEL": "tma", "BLOCK_P": 16, "STREAM": 1, "PROGS": 5},
+    {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 3, "EARLY": 1}, {"KERNEL": "ldg"},
+], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_verify_reads_row_cursors(cfg):
+    """With ``row_cursors`` the TMA kernel takes each row's cursors (its route, its history, where it appends) from
+    them, not from its page: here they hold a valid cursor state the pages do not, and the result must be the
+    reference's on pages holding that state (one-head, pipelined, persistent flush launch, streamed launches with
+    their route ranking). The LDG kernel reads the pages' cursors either way."""
+    gen = torch.Generator().manual_seed(23)
+    case = make_case(gen, "cpu", pages=9, H=8, G=2, P=32, N=32, W=12, T=4, rows=6, n_pad=2, route="mixed",
+                     act_dtype=torch.bfloat16)
+    other, rc = other_cursors(case, 5)
+    p = case["page_ids"].long()
+    assert not torch.equal(rc[1], case["num_committed"][p])
+    flush = (rc[1] + torch.tensor(case["qs"]) > case["W"]) & (p != 0)
+    assert bool(flush.any()) and not bool(flush[p != 0].all())  # both routes under the row cursors
+    got = run_verify(trk.replay_verify, case, config=cfg, row_cursors=rc)
+    ref_case = case if cfg["KERNEL"] == "ldg" else other
+    compare_verify(ref_case, got, run_verify(ref.replay_verify, ref_case), out_tol=TOL[torch.bfloat16],
+                   state_tol=TOL[torch.float32])
+
+
+def test_row_cursors_refusals():
+    """A wrong ``row_cursors`` tensor is a ShapeError in both functions; a stale one (a page's cursor moved since the
+    gather) is a LifecycleError in the reference, which checks them. Nothing is written either way."""
+    from ssmstate.errors import LifecycleError, ShapeError
+    case = make_case(torch.Generator().manual_seed(3), "cpu", pages=6, H=2, G=1, P=16, N=16, W=8, T=2, rows=3,
+                     n_pad=1)
+    before = {k: v.clone() for k, v in case["state"].items()}
+    out = torch.full_like(case["x"], 7.0)
+    p = case["page_ids"].long()
+    good = torch.stack((case["ring_start"][p], case["num_committed"][p]))
+    for bad in (good[:, :2], good.t().contiguous(), good.long(), good[0], [[0, 0, 0], [0, 0, 0]]):
+        for fn in (trk.replay_verify, ref.replay_verify):
+            with pytest.raises(ShapeError, match="row_cursors must be"):
+                fn(*verify_args(case), out, row_cursors=bad)
+    stale = good.clone()
+    stale[1, 1] += 1
+    with pytest.raises(LifecycleError, match="row 1 .* stale|stale: row 1"):
+        ref.replay_verify(*verify_args(case), out, row_cursors=stale)
+    padded = good.clone()
+    padded[:, 2] = 5  # a padding row's entry is never read
+    ref.replay_verify(*verify_args(case, {k: v.clone() for k, v in before.items()}), torch.zeros_like(out),
+                      row_cursors=padded)
     assert all(torch.equal(before[k], case["state"][k]) for k in before)
     assert bool((out == 7.0).all())

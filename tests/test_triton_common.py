@@ -121,5 +121,22 @@ def compare_verify(case: dict, got: tuple[dict, torch.Tensor], want: tuple[dict,
     return errs
 
 
+def other_cursors(case: dict, seed: int) -> tuple[dict, torch.Tensor]:
+    """A copy of ``case`` whose pages hold other valid cursors (every row's route flipped, ring starts redrawn),
+    and those cursors gathered per row (2, rows)."""
+    gen = torch.Generator().manual_seed(seed)
+    pages = case["ring_start"].shape[0]
+    nc = case["num_committed"].clone()
+    rs = torch.randint(0, case["R"], (pages,), generator=gen, dtype=torch.int32).to(nc.device)
+    for page, q in zip(case["page_ids"].tolist(), case["qs"]):
+        if page:
+            flush = int(nc[page]) + q > case["W"]
+            nc[page] = int(torch.randint(0, case["W"] - q + 1, (1,), generator=gen)) if flush else case["W"]
+    rs[0] = nc[0] = 0
+    other = dict(case, ring_start=rs, num_committed=nc)
+    p = case["page_ids"].long()
+    return other, torch.stack((rs[p], nc[p]))
+
+
 def reference_verify(*args, **kw):
     return ref.replay_verify(*args, **kw)

@@ -126,6 +126,7 @@ def replay_verify(
     dt_bias: Tensor | None = None,
     z: Tensor | None = None,
     dt_softplus: bool = True,
+    row_cursors: Tensor | None = None,
 ) -> Tensor:
     """ReplaySSM verify for one layer: outputs for every window token, rows appended to the ring.
 
@@ -145,6 +146,10 @@ def replay_verify(
         B, C: (tokens, G, N). page_ids: (rows,) int32, 0 = padding.
         cu_seqlens: (rows + 1,) int32. window: W. out: (tokens, H, P), written.
         D: (H,) skip. dt_bias: (H,). z: (tokens, H, P) gate, ``y *= silu(z)``.
+        row_cursors: (2, rows) int32 or None: ``ring_start`` and ``num_committed`` of each row's page as
+            gathered when the step began (``StepPlan.row_cursors``). A fast kernel may read a row's cursors
+            there instead of at its page; here they are checked: a stale copy raises ``LifecycleError``
+            before anything is written.
     Returns:
         ``out``.
     """
@@ -153,6 +158,8 @@ def replay_verify(
     Af = A.float()
     pages = page_ids.tolist()
     cu = cu_seqlens.tolist()
+    if row_cursors is not None:
+        check_row_cursors(row_cursors, ring_start, num_committed, page_ids, cu_seqlens)
     for r, p in enumerate(pages):
         lo, hi = cu[r], cu[r + 1]
         q = hi - lo
@@ -178,6 +185,32 @@ def replay_verify(
         B_ring[p][:, rows] = B[lo:hi].transpose(0, 1).to(B_ring.dtype)
         dt_ring[p][:, rows] = dtp.transpose(0, 1)
     return out
+
+
+def check_row_cursors(row_cursors: Tensor, ring_start: Tensor, num_committed: Tensor, page_ids: Tensor,
+                      cu_seqlens: Tensor) -> None:
+    """Raise unless ``row_cursors`` (2, rows) int32 holds every live row's page cursors (``ShapeError`` for a
+    wrong tensor, ``LifecycleError`` for a stale value; padding and empty rows are not read)."""
+    from ssmstate.errors import LifecycleError, ShapeError
+
+    rows, dev = page_ids.shape[0], ring_start.device
+    if not (isinstance(row_cursors, Tensor) and row_cursors.dtype == torch.int32
+            and tuple(row_cursors.shape) == (2, rows) and row_cursors.device == dev):
+        got = (f"{tuple(row_cursors.shape)} {row_cursors.dtype} on {row_cursors.device}"
+               if isinstance(row_cursors, Tensor) else type(row_cursors).__name__)
+        raise ShapeError(f"row_cursors must be a (2, {rows}) int32 tensor on {dev}, got {got}")
+    page_ids, cu_seqlens = page_ids.to(dev), cu_seqlens.to(dev)
+    p = page_ids.long()
+    live = (page_ids != 0) & (cu_seqlens[1:] > cu_seqlens[:-1])
+    want = torch.stack((ring_start[p], num_committed[p]))
+    stale = live & (row_cursors != want).any(dim=0)
+    if bool(stale.any()):
+        r = int(stale.nonzero()[0, 0])
+        raise LifecycleError(
+            f"row_cursors are stale: row {r} (page {int(page_ids[r])}) holds ring_start/num_committed "
+            f"{row_cursors[:, r].tolist()}, its page {want[:, r].tolist()}; they are gathered when the step "
+            f"begins (a cursor moved since, outside reset_cursors)"
+        )
 
 
 def replay_commit(

@@ -86,7 +86,7 @@ class TritonBackend:
         return _kernels()[0].replay_verify(
             t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start, cache.num_committed,
             x, dt, A, B, C, plan.page_ids, plan.cu_seqlens, cache.layout.spec.window, out,
-            D=D, dt_bias=dt_bias, z=z,
+            D=D, dt_bias=dt_bias, z=z, row_cursors=plan.row_cursors,
         )
 
     def conv(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, weight: Tensor,

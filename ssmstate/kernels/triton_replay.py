@@ -673,24 +673,33 @@ def _tma_program(
     GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr, ROUTE: tl.constexpr, DYN: tl.constexpr,
-    TRACE: tl.constexpr, EARLY: tl.constexpr,
+    TRACE: tl.constexpr, EARLY: tl.constexpr, ROWCUR: tl.constexpr,
 ):
     """One program's work of the TMA verify kernel: row ``row``, P tile ``pt``, the ``HEADS`` heads of one group
     from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
     rows, 2 only flush rows (the others exit after their cursor). ``TRACE``: stamps at ``trace[slot .. slot + 3]``:
     the segment's start, its cursors known, its Gram done, its heads done (:func:`_stamp`), and at ``slot + 4`` its
     head count."""
-    (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr,
-     z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg, s_Br_g,
-     s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t, s_z_h,
-     s_o_t, s_o_h) = rt
+    (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
+     dtb_ptr, z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
+     s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t,
+     s_z_h, s_o_t, s_o_h, s_rc_k, s_rc_r) = rt
     _stamp(trace, slot, row, TRACE)
     page32 = tl.load(page_ptr + row)
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
+    if ROWCUR:  # the row's cursors, gathered once per step: in the page id's round trip, not one after it
+        c_row = tl.load(rc_ptr + s_rc_k + row * s_rc_r)
+        rs_row = tl.load(rc_ptr + row * s_rc_r)
     keep = (page32 != 0) & (q > 0)
+    if ROWCUR:  # cursors are never negative: the test only keeps the compiler from sinking their loads past
+        # this branch (behind the page id's round trip, which is what they are here to avoid)
+        keep = keep & ((c_row | rs_row) >= 0)
     if ROUTE != 0:  # one route's rows only: the other's exit after their cursor (one more round trip first)
-        c_route = tl.load(nc_ptr + page32.to(tl.int64), mask=keep, other=0)
+        if ROWCUR:
+            c_route = c_row
+        else:
+            c_route = tl.load(nc_ptr + page32.to(tl.int64), mask=keep, other=0)
         keep = keep & ((c_route + q > window) == (ROUTE == 2))
     if keep:
         ck_row0 = (page32 * H + h0_32) * P + pt * BLOCK_P  # the first head's tile row in the (pages * H * P, N) view
@@ -719,8 +728,12 @@ def _tma_program(
             tw = tw.to(tl.int64)
         # what the heads share: C over the window, the cursors, the sequence's B rows and the Gram B·Cᵀ
         Cw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :], mask=ms[:, None], other=0.0)
-        c = tl.load(nc_ptr + page)
-        rs = tl.load(rs_ptr + page)
+        if ROWCUR:
+            c = c_row
+            rs = rs_row
+        else:
+            c = tl.load(nc_ptr + page)
+            rs = tl.load(rs_ptr + page)
         _stamp(trace, slot + 1, c + rs, TRACE)
         is_hist = kk < c
         is_new = (kk >= c) & (kk < c + q)
@@ -801,7 +814,7 @@ def _tma_program(
 @triton.jit
 def _verify_tma_kernel(
     rows,
-    ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
+    ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
     page_ptr, cu_ptr,
     window, R, H, N,
@@ -815,6 +828,7 @@ def _verify_tma_kernel(
     s_C_t, s_C_g,
     s_z_t, s_z_h,
     s_o_t, s_o_h,
+    s_rc_k, s_rc_r,
     trace_ptr,
     P: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr, HEADS: tl.constexpr, HSTAGES: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -824,13 +838,13 @@ def _verify_tma_kernel(
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
     ROUTE: tl.constexpr, PERSIST: tl.constexpr, BLOCK_ROWS: tl.constexpr, FLUSH_W: tl.constexpr,
-    NONFLUSH_W: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr,
+    NONFLUSH_W: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr, ROWCUR: tl.constexpr,
 ):
     # what every program passes on but the constants (a tuple's constants would lose their constexpr type)
-    rt = (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr,
-          z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg, s_Br_g,
-          s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t, s_z_h,
-          s_o_t, s_o_h)
+    rt = (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
+          dtb_ptr, z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r,
+          s_Br_pg, s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t,
+          s_C_g, s_z_t, s_z_h, s_o_t, s_o_h, s_rc_k, s_rc_r)
     # TRACE: this program's _TRACE_SLOTS stamps: its start, (persistent) its rows ranked, 5 per segment (the first
     # _TRACE_SEGS; _tma_program), its segment count and its end
     trace = trace_ptr + (tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)) * (2 * _TRACE_SLOTS)
@@ -842,7 +856,7 @@ def _verify_tma_kernel(
         _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt, trace, 2,
             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
             DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD,
-            PF_TILE, ROUTE, False, TRACE, EARLY)
+            PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR)
         segs = 1
     else:
         # a persistent grid over the route's rows (flush rows for ROUTE 2), ranked on the device: an empty route
@@ -852,7 +866,10 @@ def _verify_tma_kernel(
         pg = tl.load(page_ptr + ridx, mask=mr, other=0)
         qv = tl.load(cu_ptr + ridx + 1, mask=mr, other=0) - tl.load(cu_ptr + ridx, mask=mr, other=0)
         live = mr & (pg != 0) & (qv > 0)
-        cv = tl.load(nc_ptr + pg.to(tl.int64), mask=live, other=0)
+        if ROWCUR:
+            cv = tl.load(rc_ptr + s_rc_k + ridx * s_rc_r, mask=live, other=0)
+        else:
+            cv = tl.load(nc_ptr + pg.to(tl.int64), mask=live, other=0)
         sel = live & ((cv + qv > window) == (ROUTE == 2))
         one = sel.to(tl.int32)
         _stamp(trace, 1, tl.sum(one, axis=0), TRACE)
@@ -869,7 +886,7 @@ def _verify_tma_kernel(
                     2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                     P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                     DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                    PF_AHEAD, PF_TILE, ROUTE, False, TRACE, EARLY)
+                    PF_AHEAD, PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR)
                 segs += 1
                 k += tl.num_programs(0)
         else:  # PERSIST 2: each program streams an equal, contiguous share of the (row, P tile, head) items' cost,
@@ -895,7 +912,7 @@ def _verify_tma_kernel(
                         _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB,
                             HAS_Z, DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X,
-                            PF_B, PF_DT, PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY)
+                            PF_B, PF_DT, PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY, ROWCUR)
                         segs += 1
                     x = tl.where(nh > 0, base + (j + nh) * w, base + per_row * w)  # past the segment, or the row
             else:  # one route's rows, every head of unit cost: route item x is head x % per_row of the route's
@@ -914,7 +931,7 @@ def _verify_tma_kernel(
                     _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                         P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                         DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                        PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY)
+                        PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY, ROWCUR)
                     segs += 1
                     x += nh
                     k = x // per_row
@@ -1208,6 +1225,7 @@ def replay_verify(
     max_seqlen: int | None = None,
     config: dict[str, Any] | None = None,
     trace: Tensor | None = None,
+    row_cursors: Tensor | None = None,
 ) -> Tensor:
     """ReplaySSM verify for one layer (same contract as :func:`reference.replay_verify`).
 
@@ -1259,6 +1277,10 @@ def replay_verify(
             cursors known, its Gram done, its heads done and its head count, the segment count (30) and the end
             (31). A traced launch is a different build (each stamp waits for its value): it shows where a program's
             time goes, not the untraced time (``benchmarks/trace_verify.py`` reads it).
+        row_cursors: (2, rows) int32 or None: ``ring_start`` and ``num_committed`` of each row's page, gathered
+            once per step (``StepPlan.row_cursors``) and equal to the pages' cursors (the reference checks it).
+            The TMA kernel then loads a row's cursors in the page id's round trip instead of one after it; the
+            LDG kernel reads the pages' cursors either way.
     Returns:
         ``out``.
     """
@@ -1271,6 +1293,11 @@ def replay_verify(
         raise ShapeError(f"x/B ({x.dtype}/{B.dtype}) must have the ring dtypes ({x_ring.dtype}/{B_ring.dtype})")
     rows = page_ids.shape[0]
     dev = x.device
+    if row_cursors is not None and not (isinstance(row_cursors, Tensor) and row_cursors.dtype == torch.int32
+                                        and tuple(row_cursors.shape) == (2, rows) and row_cursors.device == dev):
+        got = (f"{tuple(row_cursors.shape)} {row_cursors.dtype} on {row_cursors.device}"
+               if isinstance(row_cursors, Tensor) else type(row_cursors).__name__)
+        raise ShapeError(f"row_cursors must be a (2, {rows}) int32 tensor on {dev}, got {got}")
     config = dict(config or {})
     unknown = set(config) - _CONFIG_KEYS
     if unknown:
@@ -1361,11 +1388,14 @@ def replay_verify(
                               f"{early} with HEADS={HEADS}, STREAM={STREAM}")
         desc = TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N])
         tile_bytes = BLOCK_P * N * checkpoint.element_size()  # one head's checkpoint tile
+        rc = row_cursors if row_cursors is not None else ring_start  # (a placeholder)
+        rc_strides = row_cursors.stride() if row_cursors is not None else (0, 0)
 
         def launch(grid, heads, hstages, fold_n, pfheads, l2pf, launch_flags, route, persist, pdl=0):
             _verify_tma_kernel[grid](
-                rows, desc, checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, *step, window, R, H, N,
-                *strides, trace[1 if route == 2 else 0] if trace is not None else page_ids,  # (a placeholder)
+                rows, desc, checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, rc, *step, window, R, H,
+                N, *strides, *rc_strides, trace[1 if route == 2 else 0] if trace is not None else page_ids,
+                # (page_ids: a placeholder)
                 P=P, NPT=P // BLOCK_P, HPG=HPG, HEADS=heads, HSTAGES=hstages, BLOCK_P=BLOCK_P,
                 BLOCK_N=N, BLOCK_K=_pow2(R), BLOCK_S=_pow2(T), FOLD_N=min(N, fold_n),
                 GRAM16=_compiled(dev) and B.dtype == C.dtype and B.element_size() == 2,
@@ -1373,7 +1403,7 @@ def replay_verify(
                 **_l2_prefetch(l2pf, tile_bytes, x_ring, B_ring, dt_ring, heads, dev),
                 PF_AHEAD=pfheads if _compiled(dev) else 0, PF_TILE=tile_bytes,
                 ROUTE=route, PERSIST=persist, BLOCK_ROWS=_pow2(rows) if persist else 16, FLUSH_W=flush_w,
-                NONFLUSH_W=4, PDL=pdl, TRACE=trace is not None, EARLY=early,
+                NONFLUSH_W=4, PDL=pdl, TRACE=trace is not None, EARLY=early, ROWCUR=row_cursors is not None,
                 **launch_flags, **({"launch_pdl": True} if pdl == 2 else {}),
             )
 

@@ -17,7 +17,7 @@ if torch.cuda.is_available():
 
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig, StateManager
 from ssmstate.kernels import reference as ref
-from tests.test_triton_common import POISON, compare_verify, make_case, rel, run_verify, verify_args
+from tests.test_triton_common import POISON, compare_verify, make_case, other_cursors, rel, run_verify, verify_args
 
 DEV = "cuda"
 NEMO = dict(H=128, G=8, P=64, N=128)
@@ -203,6 +203,19 @@ def test_verify_heuristic_routes(rows, route, state_dtype):
     got = run_verify(trk.replay_verify, case)
     want = run_verify(ref.replay_verify, case)
     compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5 if state_dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 40, 160])
+def test_verify_row_cursors(rows):
+    """The default launch with ``row_cursors`` (the manager's StepPlan.row_cursors) reads each row's cursors there:
+    they hold a state the pages do not (every row's route flipped), and the result is the reference's on pages
+    holding it. Batch 1-40 run the one-head launch, 160 the streamed ones with their route ranking."""
+    gen = torch.Generator().manual_seed(rows + 77)
+    case = make_case(gen, DEV, pages=rows + 3, W=16, T=4, rows=rows, n_pad=1 if rows > 1 else 0, route="mixed",
+                     state_dtype=torch.float32, act_dtype=torch.bfloat16, **NEMO)
+    other, rc = other_cursors(case, rows)
+    got = run_verify(trk.replay_verify, case, row_cursors=rc)
+    compare_verify(other, got, run_verify(ref.replay_verify, other), out_tol=1e-2, state_tol=1e-5)
 
 
 @pytest.mark.parametrize("P,state_dtype,act_dtype", [
