@@ -421,7 +421,7 @@ def test_l2_prefetch_sizes(monkeypatch):
 
 def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
     """As measured on the H200: batch 1 (at most one program per SM) runs uncapped with L2 prefetches; grids of
-    48 or more heads per SM up to 1,024 rows (batch 64-1,024 at H=128) take the route-split streamed launches;
+    96 or more heads per SM up to 1,024 rows (batch 99-1,024 at H=128) take the route-split streamed launches;
     longer grids with at least 15 programs per SM when a program takes a group's 16 heads run those heads in a
     2-stage pipeline, uncapped, flush rows folded in one product; the grids between one head per program capped
     at 96 registers; rings over 32 rows take the LDG kernel."""
@@ -430,11 +430,11 @@ def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
     cuda = torch.device("cuda")
     small = trk.verify_config(1, 128, 64, 128, 20, 4, cuda, 8)
     assert small["KERNEL"] == "tma" and small["L2PF"] == 2 and "maxnreg" not in small and "HEADS" not in small
-    for rows in (8, 32, 49):  # 1,024 / 4,096 / 6,272 heads: under 48 per SM
+    for rows in (8, 32, 64, 98):  # 1,024 / 4,096 / 8,192 / 12,544 heads: under 96 per SM
         mid = trk.verify_config(rows, 128, 64, 128, 20, 4, cuda, 8)
         assert mid["KERNEL"] == "tma" and mid["maxnreg"] == 96 and "L2PF" not in mid and "HEADS" not in mid
         assert "SPLIT" not in mid and "STREAM" not in mid
-    for rows in (50, 64, 256, 1024):
+    for rows in (99, 128, 256, 1024):
         split = trk.verify_config(rows, 128, 64, 128, 20, 4, cuda, 8)
         assert {k: split.get(k) for k in ("SPLIT", "STREAM", "PDL", "PROGS", "maxnreg", "PFHEADS")} == dict(
             SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1)

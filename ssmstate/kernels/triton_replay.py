@@ -1110,8 +1110,8 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     one dependent round trip fewer, 7-13 % faster at batch 1-32; on the streamed launches below it measured
     no faster, so they keep the plain order); a grid of at most one program per SM (batch 1) instead runs
     uncapped with L2 prefetches (``L2PF`` 2: measured 4-11 % faster there, slower at batch 8, within
-    noise at 64-256 non-flush, 2-5 % faster on flush rows); a grid of at least 48 heads per SM and at
-    most ``_STREAM_ROWS`` rows (batch 64-1024 at H=128) takes the route-split launches (``SPLIT`` 1,
+    noise at 64-256 non-flush, 2-5 % faster on flush rows); a grid of at least 96 heads per SM and at
+    most ``_STREAM_ROWS`` rows (batch 99-1024 at H=128) takes the route-split launches (``SPLIT`` 1,
     ``STREAM`` 2, ``PDL`` 1: persistent programs streaming equal shares of each route's heads, the
     non-flush launch at 3 programs per SM under a 168-register cap); longer grids with 15 programs per SM
     when each takes a group's 16 heads run those heads in a 2-stage pipeline, uncapped,
@@ -1139,14 +1139,16 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                 # under one program per SM: latency-bound, the prefetches overlap the round trips; EARLY 3 (the
                 # gathers and the tile copy beside B's rows): 6.62 -> 5.75 us at batch 1 (session 11, run 2)
                 cfg.update(L2PF=2, EARLY=3)
-            elif pipelined and programs >= 48 * _num_sms(device) and rows <= _STREAM_ROWS:
-                # batch >= 64 at H=128: the route-split launches. Non-flush rows: 3 persistent programs per SM
+            elif pipelined and programs >= 96 * _num_sms(device) and rows <= _STREAM_ROWS:
+                # batch >= 99 at H=128 (12,672 heads on 132 SMs): the route-split launches. Non-flush rows: 3 persistent programs per SM
                 # (168 registers, one 32 KB tile buffer each) stream equal shares of the heads, the next head's
                 # tile prefetched into L2; flush rows: a second persistent launch, uncapped (the whole-tile fold),
                 # started early (PDL) to fill the first one's tail. Measured against the pipelined launch below
                 # at batch 256: 9 % faster non-flush, 4-5 % faster mixed; against the one-head launch at 64-128:
                 # 9-16 % faster non-flush, equal to 6 % faster mixed (session 9, runs 1-3). At batch 32 it was
-                # 6 % slower mixed, at 8 slower throughout
+                # 6 % slower mixed, at 8 slower throughout. At 64 the one-head launch below is as fast non-flush and
+                # flush and 4-5 % faster mixed (sessions 11 and 12, with row cursors: 90.24 / 198.19 / 115.49 us
+                # against 89.52 / 197.05 / 121.66), at 128 8 % slower non-flush: the switch sits between, untimed
                 cfg.update(SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1)
             elif pipelined and programs // 16 >= 15 * _num_sms(device):
                 # a group's heads in a 2-stage pipeline, uncapped (2 programs per SM), flush rows folded from
