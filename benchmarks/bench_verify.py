@@ -273,7 +273,10 @@ def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbp
                 rc.copy_(torch.stack((pool.rs[ids.long()], pool.nc[ids.long()])))
 
         mixed_cs, _ = steady_state(T, W, b, seed=b)
-        scen = {"nonflush": [c_nf] * b, "flush": [c_fl] * b, "mixed": mixed_cs}
+        # mixed_flush_first: the same rows with the flush rows first (row order = launch order): how much of the
+        # mixed batch's time is its tail of long flush programs (ours only)
+        flush_first = sorted(mixed_cs, key=lambda c: c + T <= W)
+        scen = {"nonflush": [c_nf] * b, "flush": [c_fl] * b, "mixed": mixed_cs, "mixed_flush_first": flush_first}
         cfg_used = None
         set_c(scen["nonflush"])
         row["heuristic"] = trk.verify_config(b, H, P, N, R, T, torch.device(DEV), G)
