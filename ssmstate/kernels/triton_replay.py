@@ -679,7 +679,8 @@ def _tma_program(
     from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
     rows, 2 only flush rows (the others exit after their cursor). ``TRACE``: stamps at ``trace[slot .. slot + 3]``:
     the segment's start, its cursors known, its Gram done, its heads done (:func:`_stamp`), and at ``slot + 4`` its
-    head count."""
+    head count. ``ROWCUR``: the row's cursors come from the per-step row cursors (``rc``), loaded beside the page
+    id, instead of from its page after it."""
     (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
      dtb_ptr, z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
      s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t,
@@ -695,7 +696,7 @@ def _tma_program(
     if ROWCUR:  # cursors are never negative: the test only keeps the compiler from sinking their loads past
         # this branch (behind the page id's round trip, which is what they are here to avoid)
         keep = keep & ((c_row | rs_row) >= 0)
-    if ROUTE != 0:  # one route's rows only: the other's exit after their cursor (one more round trip first)
+    if ROUTE != 0:  # one route's rows only: the other's exit after their cursor (without ROWCUR, one more round trip)
         if ROWCUR:
             c_route = c_row
         else:
@@ -1140,15 +1141,15 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                 # gathers and the tile copy beside B's rows): 6.62 -> 5.75 us at batch 1 (session 11, run 2)
                 cfg.update(L2PF=2, EARLY=3)
             elif pipelined and programs >= 96 * _num_sms(device) and rows <= _STREAM_ROWS:
-                # batch >= 99 at H=128 (12,672 heads on 132 SMs): the route-split launches. Non-flush rows: 3 persistent programs per SM
-                # (168 registers, one 32 KB tile buffer each) stream equal shares of the heads, the next head's
-                # tile prefetched into L2; flush rows: a second persistent launch, uncapped (the whole-tile fold),
-                # started early (PDL) to fill the first one's tail. Measured against the pipelined launch below
+                # batch >= 99 at H=128 (12,672 heads on 132 SMs): the route-split launches. Non-flush rows: 3
+                # persistent programs per SM (168 registers, one 32 KB tile buffer each) stream equal shares of the
+                # heads, the next head's tile prefetched into L2; flush rows: a second persistent launch, uncapped
+                # (the whole-tile fold), started early (PDL) to fill the first one's tail. Measured against the pipelined launch below
                 # at batch 256: 9 % faster non-flush, 4-5 % faster mixed; against the one-head launch at 64-128:
                 # 9-16 % faster non-flush, equal to 6 % faster mixed (session 9, runs 1-3). At batch 32 it was
                 # 6 % slower mixed, at 8 slower throughout. At 64 the one-head launch below is as fast non-flush and
                 # flush and 4-5 % faster mixed (sessions 11 and 12, with row cursors: 90.24 / 198.19 / 115.49 us
-                # against 89.52 / 197.05 / 121.66), at 128 8 % slower non-flush: the switch sits between, untimed
+                # against 89.52 / 197.05 / 121.66), at 128 6-8 % slower non-flush: the switch sits between, untimed
                 cfg.update(SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1)
             elif pipelined and programs // 16 >= 15 * _num_sms(device):
                 # a group's heads in a 2-stage pipeline, uncapped (2 programs per SM), flush rows folded from
