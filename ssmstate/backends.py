@@ -23,6 +23,8 @@ Tensor = torch.Tensor
 
 class Backend(Protocol):
     name: str
+    #: verify takes ``StepPlan.row_cursors`` (the manager gathers them per step only for such a backend)
+    reads_row_cursors: bool
 
     def check(self, layout: PageLayout, device: torch.device) -> None:
         """Raise :class:`BackendUnavailableError` if this backend cannot serve ``layout`` on ``device``."""
@@ -44,6 +46,7 @@ class ReferenceBackend:
     """Pure PyTorch on any device; the ground truth for every verb, both schemes."""
 
     name = "reference"
+    reads_row_cursors = True  # checked against the pages on every verify
 
     def check(self, layout: PageLayout, device: torch.device) -> None:
         return None

@@ -140,8 +140,8 @@ class StateManager:
             self._accepted_buf = torch.zeros((rows,), **i32)
             self._pending_np = None
         self.error_flag = torch.zeros((1,), **i32)
-        # each row's (ring_start, num_committed), gathered per step (StepPlan.row_cursors); (rows, 2) so a
-        # row's pair is one gathered row, handed out as its (2, rows) transpose
+        # each row's (ring_start, num_committed), gathered per step (StepPlan.row_cursors) for a backend that
+        # reads them; (rows, 2) so a row's pair is one gathered row, handed out as its (2, rows) transpose
         self._row_cursor_buf = torch.zeros((rows, 2), **i32) if layout.scheme == "replay" else None
 
     # -- properties -------------------------------------------------------------
@@ -435,8 +435,9 @@ class StateManager:
 
     def _gather_row_cursors(self, page_ids: Tensor) -> Tensor | None:
         """Gather each row's page cursors (ring_start, num_committed) into the persistent buffer, on the
-        device (one index_select, no sync); return its (2, rows) view, or None for the native scheme."""
-        if self._row_cursor_buf is None:
+        device (one index_select, no sync); return its (2, rows) view, or None (the native scheme, or a backend
+        that does not read them)."""
+        if self._row_cursor_buf is None or not self.backend.reads_row_cursors:
             return None
         buf = self._row_cursor_buf[: page_ids.shape[0]]
         torch.index_select(self.cache.cursors[:2].t(), 0, page_ids, out=buf)

@@ -32,7 +32,8 @@ class StepPlan:
         external: built by :meth:`~ssmstate.StateManager.begin_step_from_tensors` from an
             engine's device tensors (pages owned by the engine, ``request_ids`` empty,
             ``max_seqlen`` an upper bound); committed with a device count tensor only.
-        row_cursors: (2, rows) int32 device (replay layouts; None otherwise): each row's page's
+        row_cursors: (2, rows) int32 device (replay layouts on a backend that reads them, ``triton`` and
+            ``reference``; None otherwise): each row's page's
             ``ring_start`` and ``num_committed``, gathered once when the step began so that verify
             kernels read a row's cursors beside its page id instead of one dependent load later.
             Cursors only move at commit (the step's rows are locked until then), and

@@ -246,6 +246,7 @@ def test_replay_dense_call_passes_the_cache_itself(monkeypatch):
     for r in ("a", "b", "c"):
         m.admit(r)
     plan = m.begin_step(["a", "b", "c"], 4, pad_to=5)
+    assert plan.row_cursors is None  # checkpointing_ssu reads the pages' cursors: no per-step gather
     inp = inputs(m, plan.total_tokens, gen, dt_dtype=torch.bfloat16)
     H = m.geometry.heads_per_rank
     D, dtb = torch.randn(H), torch.randn(H).to(torch.bfloat16)

@@ -240,6 +240,7 @@ class FlashInferBackend(ReferenceBackend):
     """
 
     name = "flashinfer"
+    reads_row_cursors = False  # checkpointing_ssu reads each page's cursors itself: no per-step gather
 
     def __init__(self, algorithm: str = "auto", native_algorithm: str = "auto") -> None:
         self.algorithm = algorithm

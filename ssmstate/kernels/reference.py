@@ -187,18 +187,25 @@ def replay_verify(
     return out
 
 
+def check_row_cursors_shape(row_cursors: object, rows: int, device: torch.device) -> None:
+    """``ShapeError`` unless ``row_cursors`` is a (2, rows) int32 tensor on ``device`` (no sync)."""
+    from ssmstate.errors import ShapeError
+
+    if not (isinstance(row_cursors, Tensor) and row_cursors.dtype == torch.int32
+            and tuple(row_cursors.shape) == (2, rows) and row_cursors.device == device):
+        got = (f"{tuple(row_cursors.shape)} {row_cursors.dtype} on {row_cursors.device}"
+               if isinstance(row_cursors, Tensor) else type(row_cursors).__name__)
+        raise ShapeError(f"row_cursors must be a (2, {rows}) int32 tensor on {device}, got {got}")
+
+
 def check_row_cursors(row_cursors: Tensor, ring_start: Tensor, num_committed: Tensor, page_ids: Tensor,
                       cu_seqlens: Tensor) -> None:
     """Raise unless ``row_cursors`` (2, rows) int32 holds every live row's page cursors (``ShapeError`` for a
     wrong tensor, ``LifecycleError`` for a stale value; padding and empty rows are not read)."""
-    from ssmstate.errors import LifecycleError, ShapeError
+    from ssmstate.errors import LifecycleError
 
-    rows, dev = page_ids.shape[0], ring_start.device
-    if not (isinstance(row_cursors, Tensor) and row_cursors.dtype == torch.int32
-            and tuple(row_cursors.shape) == (2, rows) and row_cursors.device == dev):
-        got = (f"{tuple(row_cursors.shape)} {row_cursors.dtype} on {row_cursors.device}"
-               if isinstance(row_cursors, Tensor) else type(row_cursors).__name__)
-        raise ShapeError(f"row_cursors must be a (2, {rows}) int32 tensor on {dev}, got {got}")
+    dev = ring_start.device
+    check_row_cursors_shape(row_cursors, page_ids.shape[0], dev)
     page_ids, cu_seqlens = page_ids.to(dev), cu_seqlens.to(dev)
     p = page_ids.long()
     live = (page_ids != 0) & (cu_seqlens[1:] > cu_seqlens[:-1])

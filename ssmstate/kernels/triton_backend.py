@@ -42,6 +42,7 @@ class TritonBackend:
     """ReplaySSM verify (both routes), commit, materialize and conv update in Triton."""
 
     name = "triton"
+    reads_row_cursors = True  # the TMA kernel loads them beside the page id
 
     def check(self, layout: PageLayout, device: torch.device) -> None:
         if _TRITON_ERROR is not None:

@@ -49,6 +49,7 @@ from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ssmstate.errors import ConfigError, ShapeError
+from ssmstate.kernels.reference import check_row_cursors_shape
 
 Tensor = torch.Tensor
 
@@ -1144,11 +1145,11 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                 # batch >= 99 at H=128 (12,672 heads on 132 SMs): the route-split launches. Non-flush rows: 3
                 # persistent programs per SM (168 registers, one 32 KB tile buffer each) stream equal shares of the
                 # heads, the next head's tile prefetched into L2; flush rows: a second persistent launch, uncapped
-                # (the whole-tile fold), started early (PDL) to fill the first one's tail. Measured against the pipelined launch below
-                # at batch 256: 9 % faster non-flush, 4-5 % faster mixed; against the one-head launch at 64-128:
-                # 9-16 % faster non-flush, equal to 6 % faster mixed (session 9, runs 1-3). At batch 32 it was
-                # 6 % slower mixed, at 8 slower throughout. At 64 the one-head launch below is as fast non-flush and
-                # flush and 4-5 % faster mixed (sessions 11 and 12, with row cursors: 90.24 / 198.19 / 115.49 us
+                # (the whole-tile fold), started early (PDL) to fill the first one's tail. Measured against the
+                # pipelined launch below at batch 256: 9 % faster non-flush, 4-5 % faster mixed; against the one-head
+                # launch at 64-128: 9-16 % faster non-flush, equal to 6 % faster mixed (session 9, runs 1-3). At
+                # batch 32 it was 6 % slower mixed, at 8 slower throughout. At 64 the one-head launch below is as fast
+                # non-flush and flush and 4-5 % faster mixed (sessions 11 and 12, with row cursors: 90.24 / 198.19 / 115.49 us
                 # against 89.52 / 197.05 / 121.66), at 128 6-8 % slower non-flush: the switch sits between, untimed
                 cfg.update(SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1)
             elif pipelined and programs // 16 >= 15 * _num_sms(device):
@@ -1296,11 +1297,8 @@ def replay_verify(
         raise ShapeError(f"x/B ({x.dtype}/{B.dtype}) must have the ring dtypes ({x_ring.dtype}/{B_ring.dtype})")
     rows = page_ids.shape[0]
     dev = x.device
-    if row_cursors is not None and not (isinstance(row_cursors, Tensor) and row_cursors.dtype == torch.int32
-                                        and tuple(row_cursors.shape) == (2, rows) and row_cursors.device == dev):
-        got = (f"{tuple(row_cursors.shape)} {row_cursors.dtype} on {row_cursors.device}"
-               if isinstance(row_cursors, Tensor) else type(row_cursors).__name__)
-        raise ShapeError(f"row_cursors must be a (2, {rows}) int32 tensor on {dev}, got {got}")
+    if row_cursors is not None:
+        check_row_cursors_shape(row_cursors, rows, dev)
     config = dict(config or {})
     unknown = set(config) - _CONFIG_KEYS
     if unknown:
