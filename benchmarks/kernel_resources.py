@@ -25,6 +25,7 @@ import sys
 import tempfile
 from collections import Counter
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
@@ -33,6 +34,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
+from bench_verify import split_config  # noqa: E402
 from ssmstate.kernels import triton_replay as tr  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -77,8 +79,7 @@ def capture(batch: int, T: int, W: int, config: dict | None):
     page_ids = torch.arange(1, batch + 1, dtype=torch.int32)
     cu = torch.arange(0, L + 1, T, dtype=torch.int32)
     # the manager's launch passes StepPlan.row_cursors; a ROW_CURSORS: 0 key builds the launch without them
-    config = dict(config or {})
-    use_rc = bool(config.pop("ROW_CURSORS", 1))
+    config, use_rc = split_config(config, 1)
     rc = torch.zeros((batch, 2), dtype=torch.int32).t() if use_rc else None
     names = [n for n in dir(tr) if n.endswith("_kernel") and n.startswith(("_replay_verify", "_verify_"))]
     caps = {n: _Capture(getattr(tr, n)) for n in names}
@@ -90,7 +91,7 @@ def capture(batch: int, T: int, W: int, config: dict | None):
     tr._num_sms = lambda device: SMS
     try:
         tr.replay_verify(ck, xr, Br, dtr, rs, nc, x, dt, A, B, C, page_ids, cu, W, out, D=D, dt_bias=dtb, z=z,
-                         config=config or None, row_cursors=rc)
+                         config=config, row_cursors=rc)
     finally:
         for n, f in saved.items():
             setattr(tr, n, f)
