@@ -124,7 +124,7 @@ def test_verify_rejects_bad_config():
                        ({"STREAM": 1, "PROGS": 0}, "PROGS must be >= 1"), ({"STREAM": 1, "FLUSH_W": 0}, "FLUSH_W"),
                        ({"PDL": 1}, "PDL must be 0 or 1"), ({"SPLIT": 1, "PDL": 2}, "PDL must be"),
                        ({"EARLY": 4}, "EARLY must be"), ({"HEADS": 2, "EARLY": 3}, "EARLY must be"),
-                       ({"SPLIT": 1, "STREAM": 1, "EARLY": 3}, "EARLY must be")):
+                       ({"SPLIT": 1, "STREAM": 1, "EARLY": 3}, "EARLY must be"), ({"KSPLIT": 2}, "KSPLIT must be")):
         with pytest.raises(ConfigError, match=match):
             trk.replay_verify(*verify_args(case), torch.empty_like(case["x"]), config=bad)
     assert all(torch.equal(before[k], case["state"][k]) for k in before)
@@ -424,7 +424,9 @@ def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
     96 or more heads per SM up to 1,024 rows (batch 99-1,024 at H=128) take the route-split streamed launches;
     longer grids with at least 15 programs per SM when a program takes a group's 16 heads run those heads in a
     2-stage pipeline, uncapped, flush rows folded in one product; the grids between one head per program capped
-    at 96 registers; rings over 32 rows take the LDG kernel."""
+    at 96 registers. The streamed launches give non-flush rows a sequence tile of pow2(W) rows (``KSPLIT``); rings
+    over 32 rows (W=32: R=36) take the TMA kernel only that way (flush rows on a 64-row tile, in the same launch
+    under a 128-register cap below the streamed launches), and the LDG kernel once W itself is over 32."""
     monkeypatch.setattr(trk, "_compiled", lambda device: True)
     monkeypatch.setattr(trk, "_num_sms", lambda device: 132)
     cuda = torch.device("cuda")
@@ -436,8 +438,9 @@ def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
         assert "SPLIT" not in mid and "STREAM" not in mid
     for rows in (99, 128, 256, 1024):
         split = trk.verify_config(rows, 128, 64, 128, 20, 4, cuda, 8)
-        assert {k: split.get(k) for k in ("SPLIT", "STREAM", "PDL", "PROGS", "maxnreg", "PFHEADS")} == dict(
-            SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1)
+        assert {k: split.get(k) for k in ("SPLIT", "STREAM", "PDL", "PROGS", "maxnreg", "PFHEADS", "KSPLIT")} == dict(
+            SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1, KSPLIT=1)
+    assert "KSPLIT" not in small and "KSPLIT" not in trk.verify_config(32, 128, 64, 128, 20, 4, cuda, 8)
     large = trk.verify_config(1025, 128, 64, 128, 20, 4, cuda, 8)  # past the rows a stream ranks in registers
     assert large["KERNEL"] == "tma" and "maxnreg" not in large and "L2PF" not in large and "STREAM" not in large
     assert (large["HEADS"], large["HSTAGES"], large["FOLD_N"], large["PFHEADS"]) == (16, 2, 128, 1)
@@ -451,7 +454,12 @@ def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
     for rows in (1, 32, 256, 2048):  # a caller's launch shape: the base launch, none of the heuristic's shape keys
         assert trk.verify_config(rows, 128, 64, 128, 20, 4, cuda, 8, shape=False) == {
             "KERNEL": "tma", "BLOCK_P": 64, "num_warps": 4, "num_stages": 1, "FOLD_N": 32}
-    assert trk.verify_config(1, 128, 64, 128, 40, 8, cuda, 8)["KERNEL"] == "ldg"
+    for T in (4, 8):  # W = 32
+        w32 = [trk.verify_config(rows, 128, 64, 128, 32 + T, T, cuda, 8) for rows in (1, 32, 98, 256, 2048)]
+        assert all(c["KERNEL"] == "tma" and c["KSPLIT"] == 1 for c in w32)
+        assert w32[0]["L2PF"] == 2 and w32[3]["STREAM"] == 2
+        assert all(c["maxnreg"] == 128 and c["EARLY"] == 3 and "HEADS" not in c for c in (w32[1], w32[2], w32[4]))
+    assert trk.verify_config(1, 128, 64, 128, 52, 4, cuda, 8)["KERNEL"] == "ldg"  # W = 48
 
 
 def test_verify_config_with_a_launch_shape_drops_the_heuristic_shape(monkeypatch):
@@ -474,7 +482,9 @@ def test_verify_config_with_a_launch_shape_drops_the_heuristic_shape(monkeypatch
                                  {"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 2},
                                  {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2, "FOLD_N": 8},
                                  {"KERNEL": "tma", "EARLY": 1}, {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2, "EARLY": 2},
-                                 {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3}])
+                                 {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3}, {"KERNEL": "tma", "KSPLIT": 1},
+                                 {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3, "KSPLIT": 1, "FOLD_N": 8},
+                                 {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2, "KSPLIT": 1}])
 @pytest.mark.parametrize("route,state_dtype,act_dtype,T,W", [
     ("flush", torch.float32, torch.float32, 4, 12), ("mixed", torch.float32, torch.bfloat16, 3, 9),
     ("nonflush", torch.bfloat16, torch.bfloat16, 8, 24), ("mixed", torch.float32, torch.float16, 1, 5),
@@ -487,6 +497,30 @@ def test_tma_kernel_configs(cfg, route, state_dtype, act_dtype, T, W):
     got = run_verify(trk.replay_verify, case, config=cfg)
     compare_verify(case, got, run_verify(ref.replay_verify, case), out_tol=TOL[act_dtype],
                    state_tol=TOL[torch.float32] if state_dtype == torch.float32 else TOL[state_dtype])
+
+
+@pytest.mark.parametrize("W,T", [(16, 4), (14, 3), (32, 4)])
+@pytest.mark.parametrize("route", ["mixed", "flush", "nonflush"])
+def test_tma_ksplit(W, T, route):
+    """``KSPLIT``: where the ring's sequence tile (``pow2(R)`` rows) is longer than a non-flush row can use
+    (``pow2(W)``: ``c + q <= W``), non-flush rows take the short tile; in one launch by a branch on the route, in
+    SPLIT's non-flush launch as its only build. Against the reference, on both routes, with and without row
+    cursors."""
+    gen = torch.Generator().manual_seed(W * 10 + T)
+    case = make_case(gen, "cpu", pages=8, H=8, G=2, P=16, N=32, W=W, T=T, rows=5, n_pad=1, route=route,
+                     act_dtype=torch.bfloat16)
+    assert trk._pow2(W) < trk._pow2(case["R"])  # the short tile applies
+    want = run_verify(ref.replay_verify, case)
+    p = case["page_ids"].long()
+    rc = torch.stack((case["ring_start"][p], case["num_committed"][p]))
+    for cfg, cursors in (({"KERNEL": "tma", "EARLY": 3, "KSPLIT": 1}, None),
+                         ({"KERNEL": "tma", "EARLY": 3, "KSPLIT": 1}, rc),
+                         ({"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2, "KSPLIT": 1, "FOLD_N": 8}, None),
+                         ({"KERNEL": "tma", "SPLIT": 1, "EARLY": 3, "KSPLIT": 1}, rc),
+                         ({"KERNEL": "tma", "SPLIT": 1, "STREAM": 2, "PROGS": 3, "KSPLIT": 1}, rc),
+                         ({"KERNEL": "tma", "STREAM": 1, "PROGS": 5, "KSPLIT": 1}, None)):
+        got = run_verify(trk.replay_verify, case, config=cfg, row_cursors=cursors)
+        compare_verify(case, got, want, out_tol=TOL[torch.bfloat16], state_tol=TOL[torch.float32])
 
 
 def test_tma_pipelined_group_heads():
@@ -528,7 +562,11 @@ def test_tma_split_launch(route):
                 {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 5},
                 {"KERNEL": "tma", "BLOCK_P": 32, "SPLIT": 1, "STREAM": 1, "PROGS": 7},
                 {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 5, "EARLY": 1},
-                {"KERNEL": "tma", "BLOCK_P": 32, "SPLIT": 1, "STREAM": 1, "PROGS": 3, "EARLY": 2}):
+                {"KERNEL": "tma", "BLOCK_P": 32, "SPLIT": 1, "STREAM": 1, "PROGS": 3, "EARLY": 2},
+                {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 5, "KSPLIT": 1},
+                {"KERNEL": "tma", "BLOCK_P": 32, "SPLIT": 1, "EARLY": 3, "KSPLIT": 1, "SPLIT_HEADS": 2},
+                {"KERNEL": "tma", "BLOCK_P": 32, "SPLIT": 1, "EARLY": 3, "SPLIT_HEADS": 2},
+                {"KERNEL": "tma", "BLOCK_P": 16, "STREAM": 1, "PROGS": 7, "KSPLIT": 1}):
         compare_verify(case, run_verify(trk.replay_verify, case, config=cfg), want, out_tol=TOL[torch.bfloat16],
                        state_tol=TOL[torch.float32])
 
@@ -594,7 +632,10 @@ def test_verify_trace_needs_the_gpu_tma_kernel():
     {"KERNEL": "tma"}, {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3}, {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2},
     {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "SPLIT_HEADS": 2},
     {"KERNEL": "tma", "BLOCK_P": 16, "STREAM": 1, "PROGS": 5},
-    {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 3, "EARLY": 1}, {"KERNEL": "ldg"},
+    {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 3, "EARLY": 1},
+    {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3, "KSPLIT": 1},
+    {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "KSPLIT": 1},
+    {"KERNEL": "ldg"},
 ], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_verify_reads_row_cursors(cfg):
     """With ``row_cursors`` the TMA kernel takes each row's cursors (its route, its history, where it appends) from

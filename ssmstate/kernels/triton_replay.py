@@ -666,6 +666,107 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
 
 
 @triton.jit
+def _tma_body(
+    page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, trace, slot,
+    P: tl.constexpr, HPG: tl.constexpr, HEADS: tl.constexpr, HSTAGES: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
+    FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr, ROUTE: tl.constexpr,
+    DYN: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr, FMODE: tl.constexpr,
+):
+    """:func:`_tma_program` once the row's cursors are known: the sequence of ``BLOCK_K`` rows (history, then the
+    window), the shared B rows and Gram, then the heads. ``FMODE``: the row's route when the caller branched on it
+    (0 non-flush, 1 flush: that route's build only), else -1 (the heads decide, as ``ROUTE`` says)."""
+    (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
+     dtb_ptr, z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
+     s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t,
+     s_z_h, s_o_t, s_o_h, s_rc_k, s_rc_r) = rt
+    kk = tl.arange(0, BLOCK_K)
+    is_hist = kk < c
+    is_new = (kk >= c) & (kk < c + q)
+    is_seq = kk < c + q
+    ring = _wrap(rs + kk, R)  # ring row of sequence position k (history and appended alike)
+    tok = lo + tl.maximum(kk - c, 0)
+    if IDX64:
+        ring = ring.to(tl.int64)
+        tok = tok.to(tl.int64)
+    Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
+    # EARLY: the first head's gathers need only the cursors, so they go out beside B's rows (1: after them;
+    # 2, 3: before them) instead of after the Gram; 3 (one head per program): its tile too, whose copy then
+    # overlaps the gathers' round trip
+    if EARLY >= 2:
+        X0, dth0, dtn0, A0, D0, zz0 = _tma_gathers(
+            h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
+            s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p,
+            is_hist, is_new, is_seq, ms, HAS_D, HAS_DTB, HAS_Z)
+    b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
+    B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_N)
+    if EARLY == 1:
+        X0, dth0, dtn0, A0, D0, zz0 = _tma_gathers(
+            h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
+            s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p,
+            is_hist, is_new, is_seq, ms, HAS_D, HAS_DTB, HAS_Z)
+    if EARLY == 3:
+        S_pre = ck_desc.load([ck_row0, 0])
+    else:
+        S_pre = B_raw  # unused: the heads load their own tiles
+    if EARLY == 0:
+        first = (B_raw, B_raw, B_raw, B_raw, B_raw, B_raw, B_raw)  # unused: the heads load their own
+    else:
+        first = (X0, dth0, dtn0, A0, D0, zz0, S_pre)
+    if GRAM16:  # 16-bit B and C: exact products, fp32 accumulation
+        Gm = tl.dot(B_raw, tl.trans(Cw))
+    else:
+        Gm = tl.dot(B_raw.to(tl.float32), tl.trans(Cw.to(tl.float32)), input_precision=DOT_PREC)
+    if (pt == 0) & (h0 % HPG == 0):  # the group's first program appends the window's B rows to the ring
+        tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], B_raw, mask=is_new[:, None])
+    if TRACE:
+        _stamp(trace, slot + 2, tl.sum(tl.sum(Gm, axis=1), axis=0).to(tl.int32, bitcast=True), TRACE)
+    pos = c + ss
+    causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
+    diag = (kk[:, None] == pos[None, :]) & ms[None, :]
+    CwT = tl.trans(Cw) if READ16 else tl.trans(Cw.to(tl.float32))  # the readout's operand, for every head
+    flush = c + q > window
+    # the fold mode as a constant where it is known at compile time (one route's rows; one head deciding inside
+    # its loop), else one call per route so each loop body holds only its own values: a static loop over the
+    # modes compiled to a different build (200 more instructions, 255 registers), not the one measured
+    # _tma_heads' FIRST: 0 it loads the first head's gathers itself, 1 they are ``first``, 2 also its tile (EARLY 3)
+    FIRST: tl.constexpr = (2 if EARLY == 3 else 1) if EARLY else 0
+    if FMODE >= 0:  # the caller branched on the route: this build holds that route only
+        _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
+                   nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
+                   s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
+                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
+                   BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
+                   FOLD_PREC, IDX64, FMODE, PF_AHEAD, PF_TILE, DYN, FIRST)
+    elif ROUTE != 0 or (HEADS == 1 and not DYN):
+        _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
+                   nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
+                   s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
+                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
+                   BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
+                   FOLD_PREC, IDX64, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN, FIRST)
+    elif flush:
+        _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
+                   nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
+                   s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
+                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
+                   BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
+                   FOLD_PREC, IDX64, 1, PF_AHEAD, PF_TILE, DYN, FIRST)
+    else:
+        _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
+                   nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
+                   s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
+                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
+                   BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
+                   FOLD_PREC, IDX64, 0, PF_AHEAD, PF_TILE, DYN, FIRST)
+    _stamp(trace, slot + 3, nh, TRACE)
+    if TRACE:
+        tl.store(trace + 2 * (slot + 4), nh)
+
+
+@triton.jit
 def _tma_program(
     pt, h0_32, nh, row, rt, trace, slot,
     P: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr, HEADS: tl.constexpr, HSTAGES: tl.constexpr,
@@ -674,14 +775,16 @@ def _tma_program(
     GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr, ROUTE: tl.constexpr, DYN: tl.constexpr,
-    TRACE: tl.constexpr, EARLY: tl.constexpr, ROWCUR: tl.constexpr,
+    TRACE: tl.constexpr, EARLY: tl.constexpr, ROWCUR: tl.constexpr, BLOCK_KN: tl.constexpr,
+    KSPLIT: tl.constexpr,
 ):
     """One program's work of the TMA verify kernel: row ``row``, P tile ``pt``, the ``HEADS`` heads of one group
     from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
     rows, 2 only flush rows (the others exit after their cursor). ``TRACE``: stamps at ``trace[slot .. slot + 3]``:
     the segment's start, its cursors known, its Gram done, its heads done (:func:`_stamp`), and at ``slot + 4`` its
     head count. ``ROWCUR``: the row's cursors come from the per-step row cursors (``rc``), loaded beside the page
-    id, instead of from its page after it."""
+    id, instead of from its page after it. ``KSPLIT``: non-flush rows take a ``BLOCK_KN``-row sequence tile
+    (:func:`_tma_body`)."""
     (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
      dtb_ptr, z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
      s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t,
@@ -721,7 +824,6 @@ def _tma_program(
         offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_n = tl.arange(0, BLOCK_N)
         ss = tl.arange(0, BLOCK_S)
-        kk = tl.arange(0, BLOCK_K)
         ms = ss < q
         tw = lo + ss
         if IDX64:  # the interpreter checks every int32 vector op for overflow: int64 skips it
@@ -737,80 +839,25 @@ def _tma_program(
             c = tl.load(nc_ptr + page)
             rs = tl.load(rs_ptr + page)
         _stamp(trace, slot + 1, c + rs, TRACE)
-        is_hist = kk < c
-        is_new = (kk >= c) & (kk < c + q)
-        is_seq = kk < c + q
-        ring = _wrap(rs + kk, R)  # ring row of sequence position k (history and appended alike)
-        tok = lo + tl.maximum(kk - c, 0)
-        if IDX64:
-            ring = ring.to(tl.int64)
-            tok = tok.to(tl.int64)
-        Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
-        # EARLY: the first head's gathers need only the cursors, so they go out beside B's rows (1: after them;
-        # 2, 3: before them) instead of after the Gram; 3 (one head per program): its tile too, whose copy then
-        # overlaps the gathers' round trip
-        if EARLY >= 2:
-            X0, dth0, dtn0, A0, D0, zz0 = _tma_gathers(
-                h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
-                s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p,
-                is_hist, is_new, is_seq, ms, HAS_D, HAS_DTB, HAS_Z)
-        b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
-        B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_N)
-        if EARLY == 1:
-            X0, dth0, dtn0, A0, D0, zz0 = _tma_gathers(
-                h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
-                s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p,
-                is_hist, is_new, is_seq, ms, HAS_D, HAS_DTB, HAS_Z)
-        if EARLY == 3:
-            S_pre = ck_desc.load([ck_row0, 0])
-        else:
-            S_pre = B_raw  # unused: the heads load their own tiles
-        if EARLY == 0:
-            first = (B_raw, B_raw, B_raw, B_raw, B_raw, B_raw, B_raw)  # unused: the heads load their own
-        else:
-            first = (X0, dth0, dtn0, A0, D0, zz0, S_pre)
-        if GRAM16:  # 16-bit B and C: exact products, fp32 accumulation
-            Gm = tl.dot(B_raw, tl.trans(Cw))
-        else:
-            Gm = tl.dot(B_raw.to(tl.float32), tl.trans(Cw.to(tl.float32)), input_precision=DOT_PREC)
-        if (pt == 0) & (h0 % HPG == 0):  # the group's first program appends the window's B rows to the ring
-            tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], B_raw, mask=is_new[:, None])
-        if TRACE:
-            _stamp(trace, slot + 2, tl.sum(tl.sum(Gm, axis=1), axis=0).to(tl.int32, bitcast=True), TRACE)
-        pos = c + ss
-        causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
-        diag = (kk[:, None] == pos[None, :]) & ms[None, :]
-        CwT = tl.trans(Cw) if READ16 else tl.trans(Cw.to(tl.float32))  # the readout's operand, for every head
-        flush = c + q > window
-        # the fold mode as a constant where it is known at compile time (one route's rows; one head deciding inside
-        # its loop), else one call per route so each loop body holds only its own values: a static loop over the
-        # modes compiled to a different build (200 more instructions, 255 registers), not the one measured
-        # _tma_heads' FIRST: 0 it loads the first head's gathers itself, 1 they are ``first``, 2 also its tile (EARLY 3)
-        FIRST: tl.constexpr = (2 if EARLY == 3 else 1) if EARLY else 0
-        if ROUTE != 0 or (HEADS == 1 and not DYN):
-            _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
-                       nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
-                       s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
-                       is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
-                       BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
-                       FOLD_PREC, IDX64, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN, FIRST)
-        elif flush:
-            _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
-                       nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
-                       s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
-                       is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
-                       BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
-                       FOLD_PREC, IDX64, 1, PF_AHEAD, PF_TILE, DYN, FIRST)
-        else:
-            _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
-                       nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
-                       s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
-                       is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
-                       BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
-                       FOLD_PREC, IDX64, 0, PF_AHEAD, PF_TILE, DYN, FIRST)
-        _stamp(trace, slot + 3, nh, TRACE)
-        if TRACE:
-            tl.store(trace + 2 * (slot + 4), nh)
+        # KSPLIT: a non-flush row's sequence is at most W rows (c + q <= W), so its build takes a tile of BLOCK_KN
+        # rows, not the ring's BLOCK_K: each route its own build (one launch for both routes: a branch on the route)
+        if KSPLIT and ROUTE == 0 and BLOCK_KN < BLOCK_K:
+            if c + q > window:
+                _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, trace, slot,
+                          P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
+                          DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_AHEAD, PF_TILE, ROUTE,
+                          DYN, TRACE, EARLY, 1)
+            else:
+                _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, trace, slot,
+                          P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_KN, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
+                          DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_AHEAD, PF_TILE, ROUTE,
+                          DYN, TRACE, EARLY, 0)
+        else:  # one route's rows (SPLIT's non-flush launch: the short tile), or one build for both
+            BK: tl.constexpr = BLOCK_KN if KSPLIT and ROUTE == 1 else BLOCK_K
+            _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, trace, slot, P,
+                      HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BK, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
+                      DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_AHEAD, PF_TILE, ROUTE,
+                      DYN, TRACE, EARLY, -1)
 
 
 @triton.jit
@@ -841,6 +888,7 @@ def _verify_tma_kernel(
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
     ROUTE: tl.constexpr, PERSIST: tl.constexpr, BLOCK_ROWS: tl.constexpr, FLUSH_W: tl.constexpr,
     NONFLUSH_W: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr, ROWCUR: tl.constexpr,
+    BLOCK_KN: tl.constexpr, KSPLIT: tl.constexpr,
 ):
     # what every program passes on but the constants (a tuple's constants would lose their constexpr type)
     rt = (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
@@ -858,7 +906,7 @@ def _verify_tma_kernel(
         _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt, trace, 2,
             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
             DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD,
-            PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR)
+            PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT)
         segs = 1
     else:
         # a persistent grid over the route's rows (flush rows for ROUTE 2), ranked on the device: an empty route
@@ -888,7 +936,7 @@ def _verify_tma_kernel(
                     2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                     P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                     DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                    PF_AHEAD, PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR)
+                    PF_AHEAD, PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT)
                 segs += 1
                 k += tl.num_programs(0)
         else:  # PERSIST 2: each program streams an equal, contiguous share of the (row, P tile, head) items' cost,
@@ -914,7 +962,7 @@ def _verify_tma_kernel(
                         _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB,
                             HAS_Z, DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X,
-                            PF_B, PF_DT, PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY, ROWCUR)
+                            PF_B, PF_DT, PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT)
                         segs += 1
                     x = tl.where(nh > 0, base + (j + nh) * w, base + per_row * w)  # past the segment, or the row
             else:  # one route's rows, every head of unit cost: route item x is head x % per_row of the route's
@@ -933,7 +981,7 @@ def _verify_tma_kernel(
                     _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                         P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                         DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                        PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY, ROWCUR)
+                        PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT)
                     segs += 1
                     x += nh
                     k = x // per_row
@@ -1129,18 +1177,23 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     The interpreter gets a whole group's heads per program (fewer, slower programs).
     """
     block_tma = tma_block_p(P, N, device)
-    if kernel is None:  # on the GPU the TMA kernel's 64-row sequence tile (R > 32) measured slower than LDG's
-        kernel = "tma" if block_tma and (_pow2(R) <= 32 or not _compiled(device)) else "ldg"
+    # the TMA kernel's sequence tiles on the GPU: pow2(R) rows for flush rows, pow2(W) (W = R - T) for non-flush
+    # rows with KSPLIT; a 64-row tile for every row measured slower than the LDG kernel, one for flush rows only
+    # (KSPLIT: W = 32, R = 36) 1.6-1.9x faster than it (session 13, run 2)
+    long_ring = _pow2(R) > 32
+    seq_ok = _pow2(R - T) <= 32
+    if kernel is None:
+        kernel = "tma" if block_tma and (seq_ok or not _compiled(device)) else "ldg"
     if kernel == "tma":
         cfg = {"KERNEL": "tma", "BLOCK_P": block_tma or 64, "num_warps": 4, "num_stages": 1, "FOLD_N": 32}
-        if shape and _compiled(device) and _pow2(R) <= 32:
+        if shape and _compiled(device) and seq_ok:
             programs = rows * H * (P // cfg["BLOCK_P"])
             # the pipelined launch only as measured: 16 heads per program, 32 KB tiles (fp32, 64 x 128)
             pipelined = tma_heads(H, G) == 16 and cfg["BLOCK_P"] * N * state_size == 32768
             if programs <= _num_sms(device):
                 # under one program per SM: latency-bound, the prefetches overlap the round trips; EARLY 3 (the
                 # gathers and the tile copy beside B's rows): 6.62 -> 5.75 us at batch 1 (session 11, run 2)
-                cfg.update(L2PF=2, EARLY=3)
+                cfg.update(L2PF=2, EARLY=3, **({"KSPLIT": 1} if long_ring else {}))
             elif pipelined and programs >= 96 * _num_sms(device) and rows <= _STREAM_ROWS:
                 # batch >= 99 at H=128 (12,672 heads on 132 SMs): the route-split launches. Non-flush rows: 3
                 # persistent programs per SM (168 registers, one 32 KB tile buffer each) stream equal shares of the
@@ -1149,10 +1202,13 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                 # pipelined launch below at batch 256: 9 % faster non-flush, 4-5 % faster mixed; against the one-head
                 # launch at 64-128: 9-16 % faster non-flush, equal to 6 % faster mixed (session 9, runs 1-3). At
                 # batch 32 it was 6 % slower mixed, at 8 slower throughout. At 64 the one-head launch below is as fast
-                # non-flush and flush and 4-5 % faster mixed (sessions 11 and 12, with row cursors: 90.24 / 198.19 / 115.49 us
-                # against 89.52 / 197.05 / 121.66), at 128 6-8 % slower non-flush: the switch sits between, untimed
-                cfg.update(SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1)
-            elif pipelined and programs // 16 >= 15 * _num_sms(device):
+                # non-flush and flush and 4-5 % faster mixed (sessions 11 and 12, with row cursors: 90.24 / 198.19 /
+                # 115.49 us against 89.52 / 197.05 / 121.66), at 128 6-8 % slower non-flush: the switch sits between,
+                # untimed.
+                # KSPLIT: the non-flush launch's sequence tile of pow2(W) rows, 1.6-1.8 % faster non-flush at batch
+                # 128-256 and W=16 (16 rows, not 32), 1.9x faster than the LDG kernel at W=32 (session 13, run 2)
+                cfg.update(SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1, KSPLIT=1)
+            elif pipelined and not long_ring and programs // 16 >= 15 * _num_sms(device):
                 # a group's heads in a 2-stage pipeline, uncapped (2 programs per SM), flush rows folded from
                 # the shared-memory tile in one product. Only for long grids: a flush row's program runs about
                 # twice as long, and with fewer programs per SM that tail cost mixed batches more than the
@@ -1161,7 +1217,12 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                 # issues only at the iteration's end: 6 % faster on flush rows, the same on the others; 2 or
                 # more heads ahead measured slower (session 8, runs 1 and 4-7)
                 cfg.update(HEADS=16, HSTAGES=2, FOLD_N=_pow2(N), PFHEADS=1)
-            else:  # 5 programs per SM (43 KB of shared memory each); EARLY 3 measured 7-9 % faster at batch 8-32
+            elif long_ring:  # flush rows' 64-row sequence tile in the same launch (53 KB, 4 programs per SM): W=32
+                # measured 1.4-1.6x faster than the LDG kernel at batch 8-64, and 7-25 % faster mixed than the route-
+                # split launches (which are up to 8 % faster on non-flush rows alone; session 13, run 2)
+                cfg.update(maxnreg=128, EARLY=3, KSPLIT=1)
+            else:  # 5 programs per SM (43 KB of shared memory each); EARLY 3 measured 7-9 % faster at batch 8-32.
+                # KSPLIT (the non-flush rows' 16-row tile, a second build in the launch) measured 1-5 % slower here
                 cfg.update(maxnreg=96, EARLY=3)
         return cfg
     HPG = H // max(G, 1)
@@ -1387,6 +1448,9 @@ def replay_verify(
         if early not in (0, 1, 2, 3) or (early == 3 and (HEADS != 1 or STREAM)):
             raise ConfigError(f"config EARLY must be 0, 1, 2 or 3 (3 with one head per program, no STREAM), got "
                               f"{early} with HEADS={HEADS}, STREAM={STREAM}")
+        ksplit = cfg.get("KSPLIT", 0)
+        if ksplit not in (0, 1):
+            raise ConfigError(f"config KSPLIT must be 0 or 1, got {ksplit}")
         desc = TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N])
         tile_bytes = BLOCK_P * N * checkpoint.element_size()  # one head's checkpoint tile
         rc = row_cursors if row_cursors is not None else ring_start  # (a placeholder)
@@ -1404,7 +1468,10 @@ def replay_verify(
                 **_l2_prefetch(l2pf, tile_bytes, x_ring, B_ring, dt_ring, heads, dev),
                 PF_AHEAD=pfheads if _compiled(dev) else 0, PF_TILE=tile_bytes,
                 ROUTE=route, PERSIST=persist, BLOCK_ROWS=_pow2(rows) if persist else 16, FLUSH_W=flush_w,
-                NONFLUSH_W=4, PDL=pdl, TRACE=trace is not None, EARLY=early, ROWCUR=row_cursors is not None,
+                # EARLY 3 loads one head's tile ahead: one head per program, not persistent (not SPLIT's flush launch)
+                NONFLUSH_W=4, PDL=pdl, TRACE=trace is not None, ROWCUR=row_cursors is not None,
+                EARLY=early if heads == 1 and not persist else min(early, 2),
+                BLOCK_KN=_pow2(min(window, R)), KSPLIT=ksplit,
                 **launch_flags, **({"launch_pdl": True} if pdl == 2 else {}),
             )
 
@@ -1491,7 +1558,7 @@ def _l2_prefetch(level: int, tile_bytes: int, x_ring: Tensor, B_ring: Tensor, dt
 #: config keys :func:`replay_verify` accepts, and those that only the LDG / the TMA kernel reads
 _LDG_KEYS = frozenset({"HPP", "NC", "NS", "FUSE", "PREFETCH"})
 _TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES", "PFHEADS", "SPLIT", "SPLIT_HEADS", "STREAM", "PROGS",
-                       "FLUSH_W", "PDL", "EARLY"})
+                       "FLUSH_W", "PDL", "EARLY", "KSPLIT"})
 #: most rows a STREAM launch ranks (its rank vector lives in registers: BLOCK_ROWS / 128 per thread)
 _STREAM_ROWS = 1024
 #: TMA keys that choose the launch shape: a config naming one gets none of the heuristic's shape keys

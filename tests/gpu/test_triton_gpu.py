@@ -62,6 +62,10 @@ def test_verify_nemotron(T, W, route, rows, n_pad):
                                  dict(KERNEL="tma", EARLY=1, maxnreg=96), dict(KERNEL="tma", EARLY=2, L2PF=2),
                                  dict(KERNEL="tma", EARLY=3, maxnreg=96, L2PF=1), dict(KERNEL="tma", EARLY=3, L2PF=2),
                                  dict(KERNEL="tma", EARLY=3, BLOCK_P=32, maxnreg=64),
+                                 dict(KERNEL="tma", EARLY=3, maxnreg=96, KSPLIT=1),
+                                 dict(KERNEL="tma", SPLIT=1, EARLY=3, maxnreg=96, PDL=1, KSPLIT=1),
+                                 dict(KERNEL="tma", SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1,
+                                      KSPLIT=1),
                                  dict(KERNEL="tma", SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1,
                                       EARLY=2),
                                  dict(KERNEL="ldg", BLOCK_P=32, num_warps=8), dict(KERNEL="ldg", num_stages=2),
@@ -216,6 +220,24 @@ def test_verify_row_cursors(rows):
     other, rc = other_cursors(case, rows)
     got = run_verify(trk.replay_verify, case, row_cursors=rc)
     compare_verify(other, got, run_verify(ref.replay_verify, other), out_tol=1e-2, state_tol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [8, 40, 160])
+@pytest.mark.parametrize("cfg", [dict(KERNEL="tma", KSPLIT=1, EARLY=3, maxnreg=128),
+                                 dict(KERNEL="tma", KSPLIT=1, SPLIT=1, EARLY=3, maxnreg=96, PDL=1),
+                                 dict(KERNEL="tma", KSPLIT=1, SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168,
+                                      PFHEADS=1)],
+                         ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_verify_ksplit_w32(cfg, rows):
+    """W=32 (a 36-row ring, a 64-row sequence tile) on the TMA kernel: non-flush rows take a 32-row tile
+    (``KSPLIT``), in one launch or in SPLIT's non-flush launch; a mixed batch with padding and row cursors."""
+    gen = torch.Generator().manual_seed(rows + 32)
+    case = make_case(gen, DEV, pages=rows + 3, W=32, T=4, rows=rows, n_pad=1, route="mixed",
+                     state_dtype=torch.float32, act_dtype=torch.bfloat16, **NEMO)
+    p = case["page_ids"].long()
+    rc = torch.stack((case["ring_start"][p], case["num_committed"][p]))
+    got = run_verify(trk.replay_verify, case, config=cfg, row_cursors=rc)
+    compare_verify(case, got, run_verify(ref.replay_verify, case), out_tol=1e-2, state_tol=1e-5)
 
 
 @pytest.mark.parametrize("P,state_dtype,act_dtype", [
