@@ -523,6 +523,31 @@ def test_tma_ksplit(W, T, route):
         compare_verify(case, got, want, out_tol=TOL[torch.bfloat16], state_tol=TOL[torch.float32])
 
 
+def test_tma_long_ring_register_cap():
+    """A capped launch holding a sequence tile over 32 rows takes at least 128 registers (ptxas built a faulting
+    kernel at 104, session 14): a lower cap is a ConfigError that changes nothing; 128, 0, a short ring and SPLIT's
+    short-tile non-flush launch (KSPLIT) are accepted and agree with the reference."""
+    gen = torch.Generator().manual_seed(32)
+    case = make_case(gen, "cpu", pages=6, H=4, G=2, P=16, N=32, W=32, T=4, rows=3, n_pad=1, route="mixed",
+                     act_dtype=torch.bfloat16)
+    before = {k: v.clone() for k, v in case["state"].items()}
+    out = torch.full_like(case["x"], 7.0)
+    for bad in ({"KERNEL": "tma", "maxnreg": 104}, {"KERNEL": "tma", "maxnreg": 96, "EARLY": 3, "KSPLIT": 1},
+                {"KERNEL": "tma", "SPLIT": 1, "maxnreg": 120}):
+        with pytest.raises(ConfigError, match="maxnreg .* is below 128 on a ring of 36 rows"):
+            trk.replay_verify(*verify_args(case), out, config=bad)
+    assert all(torch.equal(before[k], case["state"][k]) for k in before) and bool((out == 7.0).all())
+    want = run_verify(ref.replay_verify, case)
+    for ok in ({"KERNEL": "tma", "maxnreg": 128, "EARLY": 3, "KSPLIT": 1}, {"KERNEL": "tma", "maxnreg": 0},
+               {"KERNEL": "tma", "SPLIT": 1, "KSPLIT": 1, "maxnreg": 96}):
+        compare_verify(case, run_verify(trk.replay_verify, case, config=ok), want, out_tol=TOL[torch.bfloat16],
+                       state_tol=TOL[torch.float32])
+    short = make_case(gen, "cpu", pages=6, H=4, G=2, P=16, N=32, W=16, T=4, rows=3, n_pad=1, route="mixed",
+                      act_dtype=torch.bfloat16)
+    compare_verify(short, run_verify(trk.replay_verify, short, config={"KERNEL": "tma", "maxnreg": 96}),
+                   run_verify(ref.replay_verify, short), out_tol=TOL[torch.bfloat16], state_tol=TOL[torch.float32])
+
+
 def test_tma_pipelined_group_heads():
     """The GPU heuristic's long-grid launch (a group's 16 heads per program, 2 stages, flush rows folded in one
     product; FOLD_N 8: folded chunk by chunk) against the reference: flush, non-flush and padding rows in one

@@ -1332,9 +1332,11 @@ def replay_verify(
             1,024 rows), ``PDL`` (1 with SPLIT, GPU only: the flush launch starts as the first launch's
             programs exit and ends only after it), ``EARLY`` (1: each segment's first head's gathers go out right after
             B's rows, before the Gram, instead of after it; 2: right before B's rows; 3, one head per program and
-            no STREAM: as 2, and the head's tile copy too), ``num_warps``,
-            ``num_stages``, ``maxnreg`` (register cap, GPU only). Results agree to fp32/tf32 rounding
-            across configs.
+            no STREAM: as 2, and the head's tile copy too), ``KSPLIT`` (1: non-flush rows take a sequence tile of
+            ``pow2(min(W, R))`` rows, flush rows one of ``pow2(R)``: two builds in one launch, or the short one in
+            SPLIT's non-flush launch), ``num_warps``, ``num_stages``, ``maxnreg`` (register cap, GPU only; at least
+            128, or 0, where the capped launch holds a sequence tile over 32 rows: a lower cap was measured to build
+            a faulting kernel). Results agree to fp32/tf32 rounding across configs.
         trace: diagnostics, TMA kernel on the GPU only: (2, programs, 32, 2) int64, caller-owned. Launch ``j`` (0,
             and 1 the flush launch of ``SPLIT``) writes ``trace[j, program, slot]``: (``%globaltimer`` ns,
             ``%clock64`` cycles) at the program's start (slot 0), its rows ranked (1, persistent launches), per
@@ -1451,6 +1453,14 @@ def replay_verify(
         ksplit = cfg.get("KSPLIT", 0)
         if ksplit not in (0, 1):
             raise ConfigError(f"config KSPLIT must be 0 or 1, got {ksplit}")
+        cap = int(cfg.get("maxnreg") or 0)
+        if _pow2(R) > 32 and 0 < cap < _LONG_RING_MIN_REGS and not (SPLIT and ksplit):
+            # the capped launch holds a 64-row sequence tile: ptxas (Triton 3.6's) built one such launch at maxnreg
+            # 104 (FOLD_N 64, EARLY 3, KSPLIT 1, W=32) into a kernel whose shared-memory store faults, from PTX that
+            # is byte-identical to the correct maxnreg-128 build but for the cap (session 14, run 2)
+            raise ConfigError(f"config maxnreg {cap} is below {_LONG_RING_MIN_REGS} on a ring of {R} rows (a "
+                              f"{_pow2(R)}-row sequence tile in the capped launch): use maxnreg >= "
+                              f"{_LONG_RING_MIN_REGS} or 0 (uncapped), or SPLIT=1 with KSPLIT=1")
         desc = TensorDescriptor.from_tensor(checkpoint.view(pages * H * P, N), [BLOCK_P, N])
         tile_bytes = BLOCK_P * N * checkpoint.element_size()  # one head's checkpoint tile
         rc = row_cursors if row_cursors is not None else ring_start  # (a placeholder)
@@ -1562,6 +1572,8 @@ _TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES", "PFHEADS", "SPLIT", "SPLIT_HE
 #: most rows a STREAM launch ranks (its rank vector lives in registers: BLOCK_ROWS / 128 per thread)
 _STREAM_ROWS = 1024
 #: TMA keys that choose the launch shape: a config naming one gets none of the heuristic's shape keys
+#: fewest registers a capped TMA launch may take when it holds a sequence tile over 32 rows (see replay_verify)
+_LONG_RING_MIN_REGS = 128
 _SHAPE_KEYS = frozenset({"HEADS", "HSTAGES", "SPLIT", "STREAM"})
 _CONFIG_KEYS = _LDG_KEYS | _TMA_KEYS | {"KERNEL", "BLOCK_P", "FOLD_N", "num_warps", "num_stages", "maxnreg"}
 
