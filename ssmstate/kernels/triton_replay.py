@@ -1453,11 +1453,12 @@ def replay_verify(
         ksplit = cfg.get("KSPLIT", 0)
         if ksplit not in (0, 1):
             raise ConfigError(f"config KSPLIT must be 0 or 1, got {ksplit}")
-        cap = int(cfg.get("maxnreg") or 0)
+        cap = cfg.get("maxnreg") or 0  # an int (checked above) or absent
         if _pow2(R) > 32 and 0 < cap < _LONG_RING_MIN_REGS and not (SPLIT and ksplit):
-            # the capped launch holds a 64-row sequence tile: ptxas (Triton 3.6's) built one such launch at maxnreg
-            # 104 (FOLD_N 64, EARLY 3, KSPLIT 1, W=32) into a kernel whose shared-memory store faults, from PTX that
-            # is byte-identical to the correct maxnreg-128 build but for the cap (session 14, run 2)
+            # the capped launch holds a 64-row sequence tile (the LDG kernel's twin check is below, in its branch):
+            # ptxas (Triton 3.6's) built one such launch at maxnreg 104 (FOLD_N 64, EARLY 3, KSPLIT 1, W=32) into a
+            # kernel whose shared-memory store faults, from PTX byte-identical to the correct maxnreg-128 build but
+            # for the cap (session 14, run 2)
             raise ConfigError(f"config maxnreg {cap} is below {_LONG_RING_MIN_REGS} on a ring of {R} rows (a "
                               f"{_pow2(R)}-row sequence tile in the capped launch): use maxnreg >= "
                               f"{_LONG_RING_MIN_REGS} or 0 (uncapped), or SPLIT=1 with KSPLIT=1")
@@ -1571,9 +1572,9 @@ _TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES", "PFHEADS", "SPLIT", "SPLIT_HE
                        "FLUSH_W", "PDL", "EARLY", "KSPLIT"})
 #: most rows a STREAM launch ranks (its rank vector lives in registers: BLOCK_ROWS / 128 per thread)
 _STREAM_ROWS = 1024
-#: TMA keys that choose the launch shape: a config naming one gets none of the heuristic's shape keys
 #: fewest registers a capped TMA launch may take when it holds a sequence tile over 32 rows (see replay_verify)
 _LONG_RING_MIN_REGS = 128
+#: TMA keys that choose the launch shape: a config naming one gets none of the heuristic's shape keys
 _SHAPE_KEYS = frozenset({"HEADS", "HSTAGES", "SPLIT", "STREAM"})
 _CONFIG_KEYS = _LDG_KEYS | _TMA_KEYS | {"KERNEL", "BLOCK_P", "FOLD_N", "num_warps", "num_stages", "maxnreg"}
 
