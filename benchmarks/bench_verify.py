@@ -83,6 +83,24 @@ def log(*a):
     print(*a, flush=True)
 
 
+def load_flashinfer(skip: bool):
+    """``(flashinfer, version)``, or ``(None, None)`` when ``skip`` or not importable. Points FlashInfer's JIT at the
+    toolkit holding ``nvcc`` (``CUDA_HOME``) and at sm_90a unless the environment says otherwise."""
+    nvcc = shutil.which("nvcc")
+    if nvcc and "CUDA_HOME" not in os.environ:
+        os.environ["CUDA_HOME"] = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
+    if skip:
+        return None, None
+    try:
+        import flashinfer
+        import flashinfer.mamba  # noqa: F401
+    except Exception as exc:
+        log(f"flashinfer not importable ({exc!r}); FlashInfer columns skipped")
+        return None, None
+    return flashinfer, flashinfer.__version__
+
+
 # -- timing -----------------------------------------------------------------------------
 
 
@@ -231,6 +249,20 @@ class Pool:
     def nbytes_per_page(self) -> int:
         return sum(t[0].numel() * t.element_size() for t in (self.ck, self.xr, self.Br, self.dtr))
 
+    def batch_sets(self, b: int, T: int, nsets: int):
+        """``cu_seqlens`` of ``b`` rows of ``T`` tokens, ``nsets`` disjoint page sets of ``b`` pages (pages 1..), and
+        each set's row cursors (as ``StepPlan.row_cursors``: gathered per step, outside the timed graphs; see
+        :meth:`set_committed`)."""
+        cu = torch.arange(0, b * T + 1, T, dtype=torch.int32, device=DEV)
+        sets = [torch.arange(1 + j * b, 1 + (j + 1) * b, dtype=torch.int32, device=DEV) for j in range(nsets)]
+        return cu, sets, [torch.zeros((2, b), dtype=torch.int32, device=DEV) for _ in sets]
+
+    def set_committed(self, sets, rcs, cs: list[int]) -> None:
+        """Row i of every set gets ``cs[i]`` committed rows; the sets' row cursors are gathered again."""
+        for ids, rc in zip(sets, rcs):
+            self.nc[ids.long()] = torch.tensor(cs, dtype=torch.int32, device=DEV)
+            rc.copy_(torch.stack((self.rs[ids.long()], self.nc[ids.long()])))
+
 
 def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbps: float) -> list[dict]:
     from ssmstate.kernels import triton_replay as trk
@@ -252,14 +284,10 @@ def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbp
     for b in batches:
         nsets = sets_for[b]
         L = b * T
-        cu = torch.arange(0, L + 1, T, dtype=torch.int32, device=DEV)
-        sets = [torch.arange(1 + j * b, 1 + (j + 1) * b, dtype=torch.int32, device=DEV) for j in range(nsets)]
+        cu, sets, rcs = pool.batch_sets(b, T, nsets)
         x, dt, B, C, out = pool.x[:L], pool.dt[:L], pool.B[:L], pool.C[:L], pool.out[:L]
         row = {"T": T, "W": W, "batch": b, "page_sets": nsets, "c_nonflush": c_nf, "c_flush": c_fl,
                "flush_fraction": flush_frac}
-
-        # each set's row cursors, as StepPlan.row_cursors: gathered per step, outside the timed graphs
-        rcs = [torch.zeros((2, b), dtype=torch.int32, device=DEV) for _ in sets]
 
         def ours(j, cfg=None):
             cfg, use_rc = split_config(cfg, args.row_cursors)
@@ -268,9 +296,7 @@ def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbp
                                              row_cursors=rcs[j] if use_rc else None)
 
         def set_c(cs):
-            for ids, rc in zip(sets, rcs):
-                pool.nc[ids.long()] = torch.tensor(cs, dtype=torch.int32, device=DEV)
-                rc.copy_(torch.stack((pool.rs[ids.long()], pool.nc[ids.long()])))
+            pool.set_committed(sets, rcs, cs)
 
         mixed_cs, _ = steady_state(T, W, b, seed=b)
         # mixed_flush_first: the same rows with the flush rows first (row order = launch order): how much of the
@@ -534,19 +560,7 @@ def main() -> None:
         args.no_flashinfer = True
     elif not torch.cuda.is_available():
         sys.exit("bench_verify.py needs a CUDA GPU")
-    nvcc = shutil.which("nvcc")
-    if nvcc and "CUDA_HOME" not in os.environ:
-        os.environ["CUDA_HOME"] = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
-    os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
-    fi = None
-    fi_version = None
-    if not args.no_flashinfer:
-        try:
-            import flashinfer
-            import flashinfer.mamba  # noqa: F401
-            fi, fi_version = flashinfer, flashinfer.__version__
-        except Exception as exc:
-            log(f"flashinfer not importable ({exc!r}); FlashInfer columns skipped")
+    fi, fi_version = load_flashinfer(args.no_flashinfer)
     import triton
     if SMOKE:
         name, sms, l2 = "cpu (Triton interpreter smoke run)", 1, 64 * 2 ** 10

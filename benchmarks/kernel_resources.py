@@ -10,7 +10,7 @@ the benchmark geometry (Nemotron-H layer: H=128, P=64, N=128, G=8, fp32 state, b
 the GPU heuristic in force, and compiled through Triton's own argument binder so the specialization
 (16-byte alignment, divisibility, constants) matches a real launch.
 
-Run: ``python benchmarks/kernel_resources.py --batch 256 --T 4 --W 16 [--config '{"BLOCK_P": 32}']``; the
+Run: ``python benchmarks/kernel_resources.py --batch 256 --T 4 --W 16 [--config '{"BLOCK_P": 32}'] [--pdl]``; the
 launch passes row cursors as the manager does (``StepPlan.row_cursors``) unless a config says ``"ROW_CURSORS": 0``.
 """
 
@@ -55,7 +55,7 @@ class _Capture:
         return launch
 
 
-def capture(batch: int, T: int, W: int, config: dict | None):
+def capture(batch: int, T: int, W: int, config: dict | None, pdl: bool = False):
     """The (grid, args, kwargs) replay_verify would launch for this batch on the GPU."""
     R = W + T
     pages = batch + 1
@@ -91,7 +91,7 @@ def capture(batch: int, T: int, W: int, config: dict | None):
     tr._num_sms = lambda device: SMS
     try:
         tr.replay_verify(ck, xr, Br, dtr, rs, nc, x, dt, A, B, C, page_ids, cu, W, out, D=D, dt_bias=dtb, z=z,
-                         config=config, row_cursors=rc)
+                         config=config, row_cursors=rc, pdl=pdl)
     finally:
         for n, f in saved.items():
             setattr(tr, n, f)
@@ -141,18 +141,35 @@ def sass_counts(cubin: bytes) -> dict[str, int]:
     return out
 
 
-def report(batch: int, T: int, W: int, config: dict | None) -> list[dict]:
+def wait_order(cubin: bytes) -> dict[str, int]:
+    """Where a ``pdl=True`` build waits (``griddepcontrol.wait``: SASS ``ACQBULK``) and lets the next kernel launch
+    (``griddepcontrol.launch_dependents``: ``PREEXIT``), as SASS instruction indices (-1: none), and which
+    global loads come before the first wait in program order: ``LDG`` (gathers), ``UTMALDG`` (TMA copies) and
+    ``UBLKPF`` (bulk L2 prefetches)."""
+    sass = _cuobjdump(cubin, "--dump-sass")
+    ops = [m.group(1).split(".")[0] for line in sass.splitlines()
+           if (m := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line))]
+    first = lambda op: ops.index(op) if op in ops else -1  # noqa: E731
+    wait = first("ACQBULK")
+    before = ops[:wait] if wait >= 0 else []
+    return {"wait_at": wait, "trigger_at": first("PREEXIT"), "waits": ops.count("ACQBULK"),
+            "triggers": ops.count("PREEXIT"), "ldg_before_wait": before.count("LDG"),
+            "tma_before_wait": before.count("UTMALDG"), "l2_prefetch_before_wait": before.count("UBLKPF")}
+
+
+def report(batch: int, T: int, W: int, config: dict | None, pdl: bool = False) -> list[dict]:
     """One row per kernel the launch runs."""
     rows = []
-    for name, fn, (grid, args, kwargs) in capture(batch, T, W, config):
+    for name, fn, (grid, args, kwargs) in capture(batch, T, W, config, pdl):
         k = compile_launch(fn, args, kwargs)
         md = k.metadata
         row = {
             "kernel": name, "batch": batch, "T": T, "W": W, "config": config or "heuristic",
-            "grid": list(grid), "num_warps": md.num_warps, "shared_bytes": md.shared,
+            "grid": list(grid), "num_warps": md.num_warps, "shared_bytes": md.shared, "pdl": pdl,
         }
         row.update(resources(k.asm["cubin"]))
         row.update(sass_counts(k.asm["cubin"]))
+        row.update(wait_order(k.asm["cubin"]))
         rows.append(row)
     return rows
 
@@ -163,12 +180,13 @@ def main() -> None:
     ap.add_argument("--T", type=int, default=4)
     ap.add_argument("--W", type=int, default=16)
     ap.add_argument("--config", action="append", default=[], help="JSON launch config (repeatable)")
+    ap.add_argument("--pdl", action="store_true", help="the launch replay_verify(pdl=True) makes")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     a = ap.parse_args()
     configs = [json.loads(c) for c in a.config] or [None]
     rows = []
     for cfg in configs:
-        for row in report(a.batch, a.T, a.W, cfg):
+        for row in report(a.batch, a.T, a.W, cfg, a.pdl):
             rows.append(row)
             print(json.dumps(row), flush=True)
     if a.out:

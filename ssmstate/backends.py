@@ -8,12 +8,12 @@ bookkeeping before it calls one, so backends only compute.
 from __future__ import annotations
 
 import importlib
-from typing import Protocol
+from typing import Any, Mapping, Protocol
 
 import torch
 
 from ssmstate.cache import StateCache
-from ssmstate.errors import BackendUnavailableError
+from ssmstate.errors import BackendUnavailableError, ConfigError
 from ssmstate.kernels import reference as ref
 from ssmstate.layout import PageLayout
 from ssmstate.plan import StepPlan
@@ -91,9 +91,13 @@ def backend_names() -> list[str]:
     return ["reference", *_LAZY]
 
 
-def get_backend(name: str) -> Backend:
-    """The backend called ``name`` ("reference", "triton", "flashinfer"; "native" = "reference")."""
+def get_backend(name: str, options: Mapping[str, Any] | None = None) -> Backend:
+    """The backend called ``name`` ("reference", "triton", "flashinfer"; "native" = "reference"), built with
+    ``options`` (keyword arguments of its class, e.g. ``{"pdl": True}`` for "triton")."""
+    options = dict(options or {})
     if name in ("reference", "native"):
+        if options:
+            raise ConfigError(f"backend {name!r} takes no options, got {sorted(options)}")
         return ReferenceBackend()
     target = _LAZY.get(name)
     if target is None:
@@ -105,4 +109,8 @@ def get_backend(name: str) -> Backend:
         raise BackendUnavailableError(
             f"backend {name!r} cannot be imported here ({exc}); the 'reference' backend runs everywhere"
         ) from None
-    return getattr(module, cls_name)()
+    cls = getattr(module, cls_name)
+    try:
+        return cls(**options)
+    except TypeError as exc:  # an unknown option
+        raise ConfigError(f"backend {name!r}: bad options {sorted(options)} ({exc})") from None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -76,6 +76,8 @@ class StateManager:
         num_pages: pages to allocate, page 0 (the null page) included.
         device: where the cache lives.
         backend: "reference" (PyTorch, any device), "triton" or "flashinfer".
+        backend_options: keyword arguments of the backend's class, e.g. ``{"pdl": True}`` for
+            :class:`~ssmstate.kernels.triton_backend.TritonBackend`.
         max_batch: most rows (padding included) one step may have; sizes the
             persistent plan buffers. Defaults to ``num_pages``.
         cache: a :class:`StateCache` over tensors an engine allocated
@@ -91,12 +93,12 @@ class StateManager:
 
     def __init__(self, layout: PageLayout, num_pages: int, device: torch.device | str = "cpu",
                  backend: str = "reference", max_batch: int | None = None,
-                 cache: StateCache | None = None) -> None:
+                 cache: StateCache | None = None, backend_options: Mapping[str, Any] | None = None) -> None:
         self.layout = layout
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.backend: Backend = get_backend(backend)
+        self.backend: Backend = get_backend(backend, backend_options)
         self.backend.check(layout, self.device)
         self.pool = PagePool(num_pages)
         if cache is None:

@@ -241,9 +241,9 @@ def test_conv_matches_reference(seed, k, T, dtype, with_bias, activation):
 # -- manager level --------------------------------------------------------------------------
 
 
-def _lockstep(geom, spec, ops, seed):
+def _lockstep(geom, spec, ops, seed, backend_options=None):
     layout = PageLayout.replay(geom, spec)
-    mt = StateManager(layout, 6, backend="triton", max_batch=4)
+    mt = StateManager(layout, 6, backend="triton", max_batch=4, backend_options=backend_options)
     mr = StateManager(layout, 6, backend="reference", max_batch=4)
     H, P, N, G = geom.heads_per_rank, geom.head_dim, geom.state_size, geom.groups_per_rank
     Dc, k = geom.conv_dim_per_rank, geom.conv_kernel
@@ -705,3 +705,47 @@ def test_row_cursors_refusals():
                       row_cursors=padded)
     assert all(torch.equal(before[k], case["state"][k]) for k in before)
     assert bool((out == 7.0).all())
+
+
+# -- programmatic dependent launch (pdl) ------------------------------------------------------------
+
+
+def test_pdl_manager_lockstep():
+    """``backend_options={"pdl": True}`` through a schedule on the manager: the interpreter runs the plain launch
+    (PDL is GPU-only; tests/gpu/ checks the compiled launch bit for bit), so this checks the option's plumbing into
+    every conv and verify against the reference."""
+    ops = [("commit", 3, 1, 1), ("commit_tensor", 2, 0, 2), ("rollback", 3, 1, 3), ("materialize", 2, 0, 4),
+           ("commit", 3, 0, 5)]
+    geom = _geom(num_layers=2, state_dtype=torch.float32, act_dtype=torch.float32)
+    _lockstep(geom, SpecConfig(2, window=4), ops, seed=7, backend_options={"pdl": True})
+
+
+def test_pdl_refusals():
+    """A non-bool ``pdl`` is a ConfigError before anything is written (verify and conv); backend options a backend
+    does not take are ConfigErrors too."""
+    from ssmstate.backends import get_backend
+    from ssmstate.kernels.triton_backend import TritonBackend
+    case = make_case(torch.Generator().manual_seed(4), "cpu", pages=4, H=2, G=1, P=16, N=16, W=8, T=2, rows=2,
+                     n_pad=0)
+    before = {k: v.clone() for k, v in case["state"].items()}
+    out = torch.full_like(case["x"], 7.0)
+    for bad in ("yes", 1, None):
+        with pytest.raises(ConfigError, match="pdl must be a bool"):
+            trk.replay_verify(*verify_args(case), out, pdl=bad)
+    assert all(torch.equal(before[k], case["state"][k]) for k in before)
+    assert bool((out == 7.0).all())
+    win = torch.randn(3, 8, 5)
+    win0 = win.clone()
+    o = torch.full((2, 8), 7.0)
+    with pytest.raises(ConfigError, match="pdl must be a bool"):
+        tcv.conv_update(win, torch.zeros(3, dtype=torch.int32), torch.randn(2, 8), torch.randn(8, 4), None,
+                        torch.tensor([1], dtype=torch.int32), torch.tensor([0, 2], dtype=torch.int32), o, pdl=1)
+    assert torch.equal(win, win0) and bool((o == 7.0).all())
+    with pytest.raises(ConfigError, match="pdl must be a bool"):
+        TritonBackend(pdl="on")
+    with pytest.raises(ConfigError, match="takes no options"):
+        get_backend("reference", {"pdl": True})
+    layout = PageLayout.replay(_geom(), SpecConfig(1, window=4))
+    with pytest.raises(ConfigError, match="bad options"):
+        StateManager(layout, 4, backend="triton", backend_options={"pdl": True, "stream": 2})
+    assert StateManager(layout, 4, backend="triton", backend_options={"pdl": True}).backend.pdl

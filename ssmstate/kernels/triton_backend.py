@@ -13,7 +13,7 @@ import os
 import torch
 
 from ssmstate.cache import StateCache
-from ssmstate.errors import BackendUnavailableError
+from ssmstate.errors import BackendUnavailableError, ConfigError
 from ssmstate.layout import PageLayout
 from ssmstate.plan import StepPlan
 
@@ -39,10 +39,26 @@ def _kernels():
 
 
 class TritonBackend:
-    """ReplaySSM verify (both routes), commit, materialize and conv update in Triton."""
+    """ReplaySSM verify (both routes), commit, materialize and conv update in Triton.
+
+    Args:
+        pdl: launch ``conv`` and ``verify`` as programmatic dependents (GPU only; no effect in the interpreter).
+            A layer's conv then waits for the kernel before it and lets its verify launch at once; the verify
+            reads its page ids, cursors and first checkpoint tile while the conv runs and the conv's outputs
+            after it ends. The launch latency and the state's first DRAM round trip leave the critical path
+            (``docs/performance.md`` §16 has what that buys). Results are bit-identical. The one rule: the kernel
+            issued right before ``manager.verify(layer)`` must not write that layer's pages, the cursors or the
+            plan's buffers (``manager.conv`` of the layer, or any of the caller's kernels, qualifies; a
+            ``commit``, ``materialize`` or another verify of the same layer does not).
+    """
 
     name = "triton"
     reads_row_cursors = True  # the TMA kernel loads them beside the page id
+
+    def __init__(self, pdl: bool = False) -> None:
+        if not isinstance(pdl, bool):
+            raise ConfigError(f"pdl must be a bool, got {pdl!r}")
+        self.pdl = pdl
 
     def check(self, layout: PageLayout, device: torch.device) -> None:
         if _TRITON_ERROR is not None:
@@ -87,13 +103,13 @@ class TritonBackend:
         return _kernels()[0].replay_verify(
             t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start, cache.num_committed,
             x, dt, A, B, C, plan.page_ids, plan.cu_seqlens, cache.layout.spec.window, out,
-            D=D, dt_bias=dt_bias, z=z, row_cursors=plan.row_cursors,
+            D=D, dt_bias=dt_bias, z=z, row_cursors=plan.row_cursors, pdl=self.pdl,
         )
 
     def conv(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, weight: Tensor,
              bias: Tensor | None, activation: str | None, out: Tensor) -> Tensor:
         return _kernels()[1].conv_update(cache.layers[layer]["conv"], cache.conv_shift, xBC, weight, bias,
-                                         plan.page_ids, plan.cu_seqlens, out, activation=activation)
+                                         plan.page_ids, plan.cu_seqlens, out, activation=activation, pdl=self.pdl)
 
     def commit(self, cache: StateCache, plan: StepPlan, accepted: Tensor, update_conv: bool,
                error_flag: Tensor) -> None:

@@ -10,11 +10,16 @@ columns right-aligned. Padding rows (page 0) are skipped.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
+from ssmstate.errors import ConfigError, ShapeError
+
 Tensor = torch.Tensor
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
@@ -26,9 +31,13 @@ def _conv_update_kernel(
     s_w_d, s_w_k,
     s_o_t, s_o_d,
     KW: tl.constexpr, TMAX: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, GDC: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    if GDC:  # a programmatic dependent (pdl=True): everything after the kernel before has ended; only then may the
+        # next kernel (the layer's verify) launch, so its early reads never overlap a kernel before this one
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(1)
     page = tl.load(page_ptr + row).to(tl.int64)
     lo = tl.load(cu_ptr + row)
@@ -78,6 +87,7 @@ def conv_update(
     out: Tensor,
     activation: str | None = "silu",
     block_d: int = 256,
+    pdl: bool = False,
 ) -> Tensor:
     """Causal depthwise conv1d of the window tokens (see :func:`reference.conv_update`).
 
@@ -92,6 +102,10 @@ def conv_update(
         page_ids: (rows,) int32, 0 = padding. cu_seqlens: (rows + 1,) int32.
         out: (tokens, conv_dim), written for every non-padding token.
         activation: "silu" or None. block_d: channels per program.
+        pdl: launch as a programmatic dependent of the kernel before (GPU only; ignored in the interpreter):
+            each program waits for it to end, then lets the next kernel launch, so that kernel (the layer's
+            :func:`~ssmstate.kernels.triton_replay.replay_verify` with ``pdl=True``) starts its own reads while
+            this one runs. Only the launch overlaps the kernel before.
     Returns:
         ``out``.
     """
@@ -100,7 +114,10 @@ def conv_update(
     KW = k - 1
     TMAX = width - KW
     if TMAX < 1:
-        raise ValueError(f"conv window width {width} leaves no room for a token with kernel {k}")
+        raise ShapeError(f"conv window width {width} leaves no room for a token with kernel {k}")
+    if not isinstance(pdl, bool):
+        raise ConfigError(f"pdl must be a bool, got {pdl!r}")
+    gdc = pdl and not _INTERPRETED and out.device.type == "cuda"
     rows = page_ids.shape[0]
     BLOCK_L = triton.next_power_of_2(width)
     BLOCK_D = min(block_d, triton.next_power_of_2(Dc))
@@ -110,6 +127,7 @@ def conv_update(
         Dc, width,
         *conv_window.stride(), *xBC.stride(), *weight.stride(), *out.stride(),
         KW=KW, TMAX=TMAX, BLOCK_D=BLOCK_D, BLOCK_L=BLOCK_L,
-        HAS_BIAS=bias is not None, SILU=activation == "silu", num_warps=4,
+        HAS_BIAS=bias is not None, SILU=activation == "silu", GDC=gdc, num_warps=4,
+        **({"launch_pdl": True} if gdc else {}),
     )
     return out

@@ -132,6 +132,17 @@ def _stamp(trace, slot, dep, TRACE: tl.constexpr):
 
 
 @triton.jit
+def _pdl_wait_end():
+    """The end of a program launched as a programmatic dependent (``pdl=True``): wait for the kernel before to end
+    (at once where the program has waited already), then let the next kernel launch. A program that skipped its
+    work (a padding row, the other route) would otherwise exit before that wait, and once every program has
+    triggered or exited the next kernel may start: it must never start while the kernel before this one runs,
+    since its own early reads count on every kernel before it having ended."""
+    tl.extra.cuda.gdc_wait()
+    tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def _decay(A, lam):
     """``e^{A lam}``, clamped at 1 (A < 0, lam >= 0: only rounding can push the exponent above 0)."""
     return tl.exp(tl.minimum(A * lam, 0.0))
@@ -400,6 +411,7 @@ def _replay_verify_kernel(
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr, IDX64: tl.constexpr,
     NATIVE_G: tl.constexpr, PREFETCH: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr, FUSE: tl.constexpr,
+    GDC: tl.constexpr,
 ):
     # One program: one row, HPP heads of one group (a loop whose checkpoint loads the compiler
     # pipelines), one tile of BLOCK_P head-dim rows. What depends on the group only (cursors,
@@ -436,6 +448,9 @@ def _replay_verify_kernel(
             S = _load_tile(ck_page, h0, s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
         c = tl.load(nc_ptr + page)
         rs = tl.load(rs_ptr + page)
+        if GDC:  # a programmatic dependent (pdl=True): the step's inputs only after the kernel before has ended
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         kk = tl.arange(0, BLOCK_K)
         is_hist = kk < c
         is_new = (kk >= c) & (kk < c + q)
@@ -479,6 +494,8 @@ def _replay_verify_kernel(
                           z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h, s_ck_h, S_CK_P, HPP, PREFETCH,
                           BLOCK_P, BLOCK_N, FOLD_N, EVEN, False, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, DOT_PREC,
                           FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, FUSE)
+    if GDC:  # a program that skipped its row ends only after the kernel before too (see _pdl_wait_end)
+        _pdl_wait_end()
 
 
 # -- verify, TMA route -----------------------------------------------------------------------
@@ -667,17 +684,18 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
 
 @triton.jit
 def _tma_body(
-    page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, trace, slot,
+    page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, trace, slot, S_in,
     P: tl.constexpr, HPG: tl.constexpr, HEADS: tl.constexpr, HSTAGES: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr, ROUTE: tl.constexpr,
-    DYN: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr, FMODE: tl.constexpr,
+    DYN: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr, FMODE: tl.constexpr, TILE_IN: tl.constexpr,
 ):
     """:func:`_tma_program` once the row's cursors are known: the sequence of ``BLOCK_K`` rows (history, then the
     window), the shared B rows and Gram, then the heads. ``FMODE``: the row's route when the caller branched on it
-    (0 non-flush, 1 flush: that route's build only), else -1 (the heads decide, as ``ROUTE`` says)."""
+    (0 non-flush, 1 flush: that route's build only), else -1 (the heads decide, as ``ROUTE`` says). ``TILE_IN``
+    (with ``EARLY`` 3): the head's checkpoint tile is ``S_in``, copied by the caller."""
     (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
      dtb_ptr, z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
      s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t,
@@ -707,7 +725,9 @@ def _tma_body(
             h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
             s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p,
             is_hist, is_new, is_seq, ms, HAS_D, HAS_DTB, HAS_Z)
-    if EARLY == 3:
+    if TILE_IN:
+        S_pre = S_in
+    elif EARLY == 3:
         S_pre = ck_desc.load([ck_row0, 0])
     else:
         S_pre = B_raw  # unused: the heads load their own tiles
@@ -776,7 +796,7 @@ def _tma_program(
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr, ROUTE: tl.constexpr, DYN: tl.constexpr,
     TRACE: tl.constexpr, EARLY: tl.constexpr, ROWCUR: tl.constexpr, BLOCK_KN: tl.constexpr,
-    KSPLIT: tl.constexpr,
+    KSPLIT: tl.constexpr, GDC: tl.constexpr,
 ):
     """One program's work of the TMA verify kernel: row ``row``, P tile ``pt``, the ``HEADS`` heads of one group
     from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
@@ -784,7 +804,8 @@ def _tma_program(
     the segment's start, its cursors known, its Gram done, its heads done (:func:`_stamp`), and at ``slot + 4`` its
     head count. ``ROWCUR``: the row's cursors come from the per-step row cursors (``rc``), loaded beside the page
     id, instead of from its page after it. ``KSPLIT``: non-flush rows take a ``BLOCK_KN``-row sequence tile
-    (:func:`_tma_body`)."""
+    (:func:`_tma_body`). ``GDC`` (``pdl=True``): 1 the program waits for the kernel before after its cursors and L2
+    prefetches, 2 also after its tile's TMA copy (EARLY 3), then lets the next kernel launch; 0 no wait."""
     (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
      dtb_ptr, z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
      s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t,
@@ -821,6 +842,17 @@ def _tma_program(
             _prefetch_l2(Br_ptr + page * s_Br_pg + g * s_Br_g, PF_B)
         if PF_DT:
             _prefetch_l2(dtr_ptr + page * s_dtr_pg + h0 * s_dtr_h, PF_DT)
+        # GDC (a programmatic dependent, pdl=True): the page id, cursors and the prefetches above went out while
+        # the kernel before ran, and with GDC 2 (EARLY 3) the head's tile copy too; the step's inputs (x, B, C,
+        # dt, z) only after that kernel has ended
+        TILE_IN: tl.constexpr = GDC == 2 and EARLY == 3
+        if TILE_IN:
+            S_in = ck_desc.load([ck_row0, 0])
+        else:
+            S_in = page  # unused
+        if GDC:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_n = tl.arange(0, BLOCK_N)
         ss = tl.arange(0, BLOCK_S)
@@ -844,20 +876,20 @@ def _tma_program(
         if KSPLIT and ROUTE == 0 and BLOCK_KN < BLOCK_K:
             if c + q > window:
                 _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, trace, slot,
-                          P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
-                          DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_AHEAD, PF_TILE, ROUTE,
-                          DYN, TRACE, EARLY, 1)
+                          S_in, P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB,
+                          HAS_Z, DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_AHEAD, PF_TILE,
+                          ROUTE, DYN, TRACE, EARLY, 1, TILE_IN)
             else:
                 _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, trace, slot,
-                          P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_KN, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
-                          DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_AHEAD, PF_TILE, ROUTE,
-                          DYN, TRACE, EARLY, 0)
+                          S_in, P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_KN, BLOCK_S, HAS_D, HAS_DTB,
+                          HAS_Z, DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_AHEAD, PF_TILE,
+                          ROUTE, DYN, TRACE, EARLY, 0, TILE_IN)
         else:  # one route's rows (SPLIT's non-flush launch: the short tile), or one build for both
             BK: tl.constexpr = BLOCK_KN if KSPLIT and ROUTE == 1 else BLOCK_K
-            _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, trace, slot, P,
-                      HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BK, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
+            _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, trace, slot, S_in,
+                      P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BK, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                       DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_AHEAD, PF_TILE, ROUTE,
-                      DYN, TRACE, EARLY, -1)
+                      DYN, TRACE, EARLY, -1, TILE_IN)
 
 
 @triton.jit
@@ -888,7 +920,7 @@ def _verify_tma_kernel(
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
     ROUTE: tl.constexpr, PERSIST: tl.constexpr, BLOCK_ROWS: tl.constexpr, FLUSH_W: tl.constexpr,
     NONFLUSH_W: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr, ROWCUR: tl.constexpr,
-    BLOCK_KN: tl.constexpr, KSPLIT: tl.constexpr,
+    BLOCK_KN: tl.constexpr, KSPLIT: tl.constexpr, GDC: tl.constexpr,
 ):
     # what every program passes on but the constants (a tuple's constants would lose their constexpr type)
     rt = (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
@@ -899,14 +931,15 @@ def _verify_tma_kernel(
     # _TRACE_SEGS; _tma_program), its segment count and its end
     trace = trace_ptr + (tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)) * (2 * _TRACE_SLOTS)
     _stamp(trace, 0, tl.program_id(0), TRACE)
-    if PDL == 1:  # the first of two launches: the second may start as soon as SMs free up (GPU only)
+    if PDL == 1 and not GDC:  # the first of two launches: the second may start as soon as SMs free up (GPU
+        # only; with GDC each program lets it start once past its wait, in _tma_program)
         tl.extra.cuda.gdc_launch_dependents()
     if PERSIST == 0:  # one program per (row, head block, P tile)
         pid = tl.program_id(0)
         _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt, trace, 2,
             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
             DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD,
-            PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT)
+            PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC)
         segs = 1
     else:
         # a persistent grid over the route's rows (flush rows for ROUTE 2), ranked on the device: an empty route
@@ -936,7 +969,7 @@ def _verify_tma_kernel(
                     2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                     P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                     DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                    PF_AHEAD, PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT)
+                    PF_AHEAD, PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC)
                 segs += 1
                 k += tl.num_programs(0)
         else:  # PERSIST 2: each program streams an equal, contiguous share of the (row, P tile, head) items' cost,
@@ -962,7 +995,7 @@ def _verify_tma_kernel(
                         _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB,
                             HAS_Z, DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X,
-                            PF_B, PF_DT, PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT)
+                            PF_B, PF_DT, PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC)
                         segs += 1
                     x = tl.where(nh > 0, base + (j + nh) * w, base + per_row * w)  # past the segment, or the row
             else:  # one route's rows, every head of unit cost: route item x is head x % per_row of the route's
@@ -981,7 +1014,7 @@ def _verify_tma_kernel(
                     _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                         P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                         DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                        PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT)
+                        PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC)
                     segs += 1
                     x += nh
                     k = x // per_row
@@ -989,6 +1022,8 @@ def _verify_tma_kernel(
     if PDL == 2:  # the second launch ends only once the first has (its rows are disjoint: nothing to wait for
         # before), so what follows both in the stream sees both launches' writes
         tl.extra.cuda.gdc_wait()
+    if GDC:  # programs that met no row of theirs (or a persistent one's last) end after the kernel before too
+        _pdl_wait_end()
     if TRACE:
         tl.store(trace + 2 * (_TRACE_SLOTS - 2), segs)
     _stamp(trace, _TRACE_SLOTS - 1, segs, TRACE)
@@ -1291,6 +1326,7 @@ def replay_verify(
     config: dict[str, Any] | None = None,
     trace: Tensor | None = None,
     row_cursors: Tensor | None = None,
+    pdl: bool = False,
 ) -> Tensor:
     """ReplaySSM verify for one layer (same contract as :func:`reference.replay_verify`).
 
@@ -1334,7 +1370,10 @@ def replay_verify(
             B's rows, before the Gram, instead of after it; 2: right before B's rows; 3, one head per program and
             no STREAM: as 2, and the head's tile copy too), ``KSPLIT`` (1: non-flush rows take a sequence tile of
             ``pow2(min(W, R))`` rows, flush rows one of ``pow2(R)``: two builds in one launch, or the short one in
-            SPLIT's non-flush launch), ``num_warps``, ``num_stages``, ``maxnreg`` (register cap, GPU only; at least
+            SPLIT's non-flush launch), ``PDL_TILE`` (with ``pdl=True`` only: what of the checkpoint goes out before
+            the wait: 0 nothing more than the config's prefetches, 1 the first tile into L2, 2 with EARLY=3 the
+            tile's TMA copy itself; default with EARLY=3: 2 where the grid is at most one program per SM, 1 from
+            16 programs per SM; else 0), ``num_warps``, ``num_stages``, ``maxnreg`` (register cap, GPU only; at least
             128, or 0, where the capped launch holds a sequence tile over 32 rows: a lower cap was measured to build
             a faulting kernel). Results agree to fp32/tf32 rounding across configs.
         trace: diagnostics, TMA kernel on the GPU only: (2, programs, 32, 2) int64, caller-owned. Launch ``j`` (0,
@@ -1348,6 +1387,14 @@ def replay_verify(
             once per step (``StepPlan.row_cursors``) and equal to the pages' cursors (the reference checks it).
             The TMA kernel then loads a row's cursors in the page id's round trip instead of one after it; the
             LDG kernel reads the pages' cursors either way.
+        pdl: launch as a programmatic dependent of the kernel before it in the stream (GPU only; ignored in the
+            interpreter). Each program issues its page id, cursors and (config ``PDL_TILE``) its first checkpoint
+            tile's read, then waits (``griddepcontrol.wait``) for that kernel to end before reading the step's inputs,
+            and then lets the next kernel launch; so the launch and those reads overlap the kernel before (the
+            layer's conv). Safe when the kernel before writes none of the pages' tensors, cursors, ``page_ids``,
+            ``cu_seqlens`` or ``row_cursors``, and, if it is itself a programmatic dependent, lets its dependents
+            launch only after its own wait, as :func:`ssmstate.kernels.triton_conv.conv_update` (``pdl=True``)
+            and this kernel do. Results are the same bits as without.
     Returns:
         ``out``.
     """
@@ -1360,6 +1407,8 @@ def replay_verify(
         raise ShapeError(f"x/B ({x.dtype}/{B.dtype}) must have the ring dtypes ({x_ring.dtype}/{B_ring.dtype})")
     rows = page_ids.shape[0]
     dev = x.device
+    if not isinstance(pdl, bool):
+        raise ConfigError(f"pdl must be a bool, got {pdl!r}")
     if row_cursors is not None:
         check_row_cursors_shape(row_cursors, rows, dev)
     config = dict(config or {})
@@ -1446,10 +1495,24 @@ def replay_verify(
         if PDL not in (0, 1) or (PDL and not SPLIT):
             raise ConfigError(f"config PDL must be 0 or 1 (1 with SPLIT=1), got {PDL}")
         pdl_on = bool(PDL) and _compiled(dev)
+        # pdl: the first launch waits for the kernel before; SPLIT's flush launch starts only once every program
+        # of the first is past that wait (PDL 1 lets it start then), so it needs none of its own
+        gdc_on = pdl and _compiled(dev)
         early = cfg.get("EARLY", 0)
         if early not in (0, 1, 2, 3) or (early == 3 and (HEADS != 1 or STREAM)):
             raise ConfigError(f"config EARLY must be 0, 1, 2 or 3 (3 with one head per program, no STREAM), got "
                               f"{early} with HEADS={HEADS}, STREAM={STREAM}")
+        # PDL_TILE's default, as measured in the layer chain (session 15, runs 2-3): the tile's copy before the wait
+        # where the grid is at most one program per SM (batch 1: 2-8 % faster than 0 or 1); the first tile into L2
+        # in a one-program-per-head launch of at least 16 programs per SM (batch 32-64: 1.5-2 % faster than 0;
+        # at batch 8 8-10 % slower, and 2 is 12-20 % slower at 8-64); else nothing more (batch 128-256: 0 and 1
+        # within 1 %)
+        sms = _num_sms(dev) if _compiled(dev) else 1
+        programs = H // HEADS * (P // BLOCK_P) * rows
+        pdl_tile = cfg.get("PDL_TILE", 2 if early == 3 and programs <= sms else
+                           1 if early == 3 and programs >= 16 * sms else 0)
+        if pdl_tile not in (0, 1, 2) or (pdl_tile == 2 and early != 3):
+            raise ConfigError(f"config PDL_TILE must be 0, 1 or 2 (2 with EARLY=3), got {pdl_tile} with EARLY={early}")
         ksplit = cfg.get("KSPLIT", 0)
         if ksplit not in (0, 1):
             raise ConfigError(f"config KSPLIT must be 0 or 1, got {ksplit}")
@@ -1467,7 +1530,9 @@ def replay_verify(
         rc = row_cursors if row_cursors is not None else ring_start  # (a placeholder)
         rc_strides = row_cursors.stride() if row_cursors is not None else (0, 0)
 
-        def launch(grid, heads, hstages, fold_n, pfheads, l2pf, launch_flags, route, persist, pdl=0):
+        def launch(grid, heads, hstages, fold_n, pfheads, l2pf, launch_flags, route, persist, pdl=0, gdc=0):
+            if gdc and pdl_tile == 1:  # the first tile's DRAM read goes out before the wait, into L2
+                l2pf = max(l2pf, 1)
             _verify_tma_kernel[grid](
                 rows, desc, checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, rc, *step, window, R, H,
                 N, *strides, *rc_strides, trace[1 if route == 2 else 0] if trace is not None else page_ids,
@@ -1482,11 +1547,10 @@ def replay_verify(
                 # EARLY 3 loads one head's tile ahead: one head per program, not persistent (not SPLIT's flush launch)
                 NONFLUSH_W=4, PDL=pdl, TRACE=trace is not None, ROWCUR=row_cursors is not None,
                 EARLY=early if heads == 1 and not persist else min(early, 2),
-                BLOCK_KN=_pow2(min(window, R)), KSPLIT=ksplit,
-                **launch_flags, **({"launch_pdl": True} if pdl == 2 else {}),
+                BLOCK_KN=_pow2(min(window, R)), KSPLIT=ksplit, GDC=gdc,
+                **launch_flags, **({"launch_pdl": True} if pdl == 2 or gdc else {}),
             )
 
-        sms = _num_sms(dev) if _compiled(dev) else 1
         grid = (progs * sms, 1) if STREAM else (H // HEADS * (P // BLOCK_P), rows)
         flush_grid = (2 * sms if _compiled(dev) else 3, 1)
         if trace is not None and not (_compiled(dev) and trace.device == dev and trace.dtype == torch.int64
@@ -1505,7 +1569,8 @@ def replay_verify(
             # STREAM: PROGS programs per SM, each streaming an equal share of the heads' cost (SPLIT: the non-flush
             # rows' heads), one tile buffer; else one program per (row, head block, P tile)
             launch(grid, HEADS, 1 if STREAM else HSTAGES, fold_n, PFHEADS, int(cfg.get("L2PF", 0)), flags,
-                   route=1 if SPLIT else 0, persist=2 if STREAM else 0, pdl=1 if pdl_on else 0)
+                   route=1 if SPLIT else 0, persist=2 if STREAM else 0, pdl=1 if pdl_on else 0,
+                   gdc=(2 if pdl_tile == 2 else 1) if gdc_on else 0)
             if SPLIT:  # flush rows: a persistent launch, uncapped: (row, head block) items round-robin, or streamed
                 flush_flags = {k: v for k, v in flags.items() if k != "maxnreg"}
                 if STREAM == 2:
@@ -1523,6 +1588,7 @@ def replay_verify(
                           "(NC > 0)")
     BLOCK_P = cfg["BLOCK_P"]
     NPT = triton.cdiv(P, BLOCK_P)
+    gdc_on = pdl and _compiled(dev)
     _replay_verify_kernel[(H // HPP * NPT, rows)](
         checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, *step, window, R, P, N, *strides,
         S_CK_P=checkpoint.stride(2), NPT=NPT, HPG=HPG, HPP=HPP,
@@ -1531,7 +1597,8 @@ def replay_verify(
         EVEN=(P % BLOCK_P == 0) and N == BLOCK_N,
         NATIVE_G=_compiled(dev) and B.dtype == C.dtype and B.dtype in (torch.bfloat16, torch.float16),
         PREFETCH=int(cfg.get("PREFETCH", 1)), NC=NC, NS=int(cfg.get("NS", 3)),
-        FUSE=NC > 0 and bool(cfg.get("FUSE", False)), **flags,
+        FUSE=NC > 0 and bool(cfg.get("FUSE", False)), GDC=gdc_on, **flags,
+        **({"launch_pdl": True} if gdc_on else {}),
     )
     return out
 
@@ -1569,7 +1636,7 @@ def _l2_prefetch(level: int, tile_bytes: int, x_ring: Tensor, B_ring: Tensor, dt
 #: config keys :func:`replay_verify` accepts, and those that only the LDG / the TMA kernel reads
 _LDG_KEYS = frozenset({"HPP", "NC", "NS", "FUSE", "PREFETCH"})
 _TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES", "PFHEADS", "SPLIT", "SPLIT_HEADS", "STREAM", "PROGS",
-                       "FLUSH_W", "PDL", "EARLY", "KSPLIT"})
+                       "FLUSH_W", "PDL", "EARLY", "KSPLIT", "PDL_TILE"})
 #: most rows a STREAM launch ranks (its rank vector lives in registers: BLOCK_ROWS / 128 per thread)
 _STREAM_ROWS = 1024
 #: fewest registers a capped TMA launch may take when it holds a sequence tile over 32 rows (see replay_verify)

@@ -344,13 +344,18 @@ class _Model:
         self.dt.copy_(torch.randn(self.dt.shape, generator=g) * 0.5 - 0.5)
         self.z.copy_(torch.randn(self.z.shape, generator=g))
 
-    def body(self, m: StateManager):
+    def body(self, m: StateManager, poison: bool = False):
+        """The step's layers through ``m``. ``poison``: each layer's conv output is set to NaN right before its
+        conv, so a verify that read x, B or C before the conv ended (a misplaced ``griddepcontrol.wait`` under PDL)
+        would output NaN or a stale value."""
         g = self.g
         H, P, N, G = g.heads_per_rank, g.head_dim, g.state_size, g.groups_per_rank
 
         def run(plan):
             L = plan.total_tokens
             for layer, prm in enumerate(self.params):
+                if poison:
+                    self.conv_out[layer].fill_(float("nan"))  # the kernel right before the conv
                 xbc = m.conv(layer, plan, self.xBC[layer, :L], prm["w"], prm["b"], out=self.conv_out[layer, :L])
                 x = xbc[:, : H * P].view(L, H, P)
                 B = xbc[:, H * P: H * P + G * N].view(L, G, N)
@@ -455,3 +460,59 @@ def test_cuda_graph_decode_step():
     _compare_managers(g, mt, mr, ids)
     with pytest.raises(Exception, match="out of range"):
         mt.raise_device_errors()
+
+
+# -- programmatic dependent launch (TritonBackend(pdl=True)) ---------------------------------
+
+
+@pytest.mark.parametrize("rows", [1, 40, 160])  # the batch-1 launch, the one-head launch, SPLIT's two launches
+def test_cuda_graph_decode_step_pdl(rows):
+    """A captured step whose convs and verifies launch as programmatic dependents (``backend_options={"pdl":
+    True}``): outputs, states and cursors bit-identical to the same step without PDL, and close to the reference,
+    over steps whose rows move through both routes; each conv's output is poisoned by the kernel right before it."""
+    from ssmstate.cuda_graph import DecodeStepGraph
+
+    W, T, layers = 16, 4, 3
+    n = rows
+    g = _geom(layers)
+    layout = PageLayout.replay(g, SpecConfig(T - 1, window=W))
+    mp = StateManager(layout, n + 2, device=DEV, backend="triton", max_batch=rows, backend_options={"pdl": True})
+    mt = StateManager(layout, n + 2, device=DEV, backend="triton", max_batch=rows)
+    mr = StateManager(layout, n + 2, device=DEV, backend="reference", max_batch=rows)
+    assert mp.backend.pdl and not mt.backend.pdl
+    gen = torch.Generator().manual_seed(rows)
+    ids = _admit_all(g, mt, mr, n, gen)
+    for rid in ids:
+        mp.admit(rid)
+        for layer in range(layers):
+            mp.write_state(rid, layer, mt.read_state(rid, layer), mt.read_conv(rid, layer))
+    mods = [_Model(g, rows, T, 5) for _ in range(3)]
+    accs = [torch.zeros(rows, dtype=torch.int32, device=DEV) for _ in range(2)]
+    graphs = [DecodeStepGraph(m, rows, T, mod.body(m, poison=True), acc)
+              for m, mod, acc in ((mp, mods[0], accs[0]), (mt, mods[1], accs[1]))]
+    rng = torch.Generator().manual_seed(rows + 1)
+    routes = set()
+    for step in range(10):
+        acc = torch.randint(0, T + 1, (n,), generator=rng)
+        for a in accs:
+            a.copy_(acc.to(torch.int32))
+        for mod in mods:
+            mod.fill()
+        plan_r = mr.begin_step(ids, T, pad_to=rows)
+        routes.update((plan_r.row_cursors[1] + T > W).tolist())
+        mods[2].body(mr, poison=True)(plan_r)
+        mr.commit(plan_r, acc.tolist())
+        for gr in graphs:
+            gr.capture(ids) if step == 0 else gr.step(ids)
+        torch.cuda.synchronize()
+        L = n * T
+        assert not torch.isnan(mods[0].y[:, :L].float()).any()
+        assert torch.equal(mods[0].y[:, :L], mods[1].y[:, :L]), f"step {step}: PDL changed the outputs"
+        assert rel(mods[0].y[:, :L], mods[2].y[:, :L]) < 2e-2
+        assert torch.equal(mp.cache.cursors, mt.cache.cursors)
+        for name in ("checkpoint", "x_ring", "B_ring", "dt_ring", "conv"):
+            for layer in range(layers):
+                assert torch.equal(mp.cache.layers[layer][name], mt.cache.layers[layer][name]), (step, name, layer)
+        _compare_managers(g, mp, mr, ids)
+    assert routes == {False, True}, "the schedule should take both routes"
+    mp.raise_device_errors()

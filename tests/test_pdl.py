@@ -1,0 +1,81 @@
+"""Programmatic dependent launch (``pdl=True``) without a GPU: where the sm_90a builds wait; the chain benchmark.
+
+A verify launched as a programmatic dependent starts while the kernel before it (the layer's conv) still runs,
+so what it reads before ``griddepcontrol.wait`` must not be that kernel's output, and it may let the next kernel
+launch (``griddepcontrol.launch_dependents``) only after that wait (else a kernel two launches on could start
+before the conv ends). These tests read the order off the SASS (``ACQBULK`` is the wait, ``PREEXIT`` the trigger)
+of the launches the GPU heuristic makes, built by ``benchmarks/kernel_resources.py`` in a subprocess (compiled
+mode: the interpreter tests set ``TRITON_INTERPRET`` in this process); skipped where Triton's ``ptxas`` and
+``cuobjdump`` are missing. The chain benchmark runs end to end under the interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+triton = pytest.importorskip("triton")
+_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+_HAVE_TOOLS = all(os.path.exists(os.path.join(_BIN, t)) for t in ("ptxas", "cuobjdump"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _builds(*args: str) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "kernel_resources.py"), *args],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.skipif(not _HAVE_TOOLS, reason="Triton's ptxas / cuobjdump not installed")
+@pytest.mark.parametrize("batch,W,config,prefetches", [
+    (1, 16, None, 4), (8, 16, None, 0), (32, 16, None, 1), (64, 32, None, 1), (256, 16, None, 0),
+    (32, 16, '{"KERNEL": "ldg"}', 0),
+], ids=["batch1", "one-head-8", "one-head-32", "w32-ksplit", "split-streamed", "ldg"])
+def test_pdl_build_waits_before_the_step_inputs(batch, W, config, prefetches):
+    extra = ["--config", config] if config else []
+    plain = _builds("--batch", str(batch), "--W", str(W), *extra)
+    pdl = _builds("--batch", str(batch), "--W", str(W), "--pdl", *extra)
+    assert len(plain) == len(pdl) >= 1
+    first = pdl[0]
+    # the first (or only) launch waits, then triggers; no TMA copy goes out before the wait
+    assert first["waits"] >= 1 and first["triggers"] >= 1
+    assert 0 <= first["wait_at"] < first["trigger_at"], "lets the next kernel launch before its own wait"
+    # only the checkpoint goes out by TMA: its tile's copy before the wait in the batch-1 launch (PDL_TILE 2)
+    assert first["tma_before_wait"] == (1 if batch == 1 else 0)
+    # PDL_TILE's default: the batch-1 launch's own prefetches (tile, x, B and dt rings) and its tile copy; the
+    # first tile into L2 from 16 programs per SM in the one-head launch; nothing more elsewhere
+    assert first["l2_prefetch_before_wait"] == prefetches
+    if first["grid"][1] == batch:  # one program per (head, row): before the wait only the page id, the two
+        # cu_seqlens and the two row cursors (a gather of x, B, C, dt or z there would read the conv's output early)
+        assert first["ldg_before_wait"] == 5
+    # without pdl the same launch has neither, but for SPLIT's own PDL pair (first triggers, second waits at its end)
+    for p, q in zip(plain, pdl):
+        if len(plain) == 1:
+            assert p["waits"] == p["triggers"] == 0
+        assert q["registers"] <= 255 and q["shared_bytes"] <= p["shared_bytes"]  # no second tile buffer
+    if len(pdl) == 2:  # SPLIT's flush launch: unchanged (it starts once every program of the first is past its wait)
+        assert (pdl[1]["wait_at"], pdl[1]["triggers"]) == (plain[1]["wait_at"], plain[1]["triggers"]) and \
+            pdl[1]["triggers"] == 0
+
+
+def test_layer_chain_benchmark_smoke(tmp_path):
+    """``benchmarks/bench_layer_chain.py --cpu-smoke``: the whole script (conv and verify chains with and without
+    pdl, a launch config swept in the PDL chain) under the interpreter at toy sizes, its JSON holding every chain
+    it times."""
+    out = tmp_path / "chain.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_layer_chain.py"), "--cpu-smoke",
+                          "--batches", "1", "--reps", "1", "--out", str(out), "--pdl-configs", '[{"PDL_TILE": 0}]'],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    row = json.loads(out.read_text())["rows"][0]
+    for scen in ("nonflush", "mixed"):
+        for k in ("conv", "conv_pdl", "ours", "ours_pdl", "ours_verify", "ours_pdl_cfg0"):
+            assert row[f"{scen}_{k}_us"] > 0
+        assert row[f"{scen}_ours_pdl_verify_share_us"] == row[f"{scen}_ours_pdl_us"] - row[f"{scen}_conv_pdl_us"]
