@@ -11,6 +11,7 @@ mode: the interpreter tests set ``TRITON_INTERPRET`` in this process); skipped w
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,8 +19,12 @@ import sys
 
 import pytest
 
-triton = pytest.importorskip("triton")
-_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+# Triton is located, not imported: importing it here, before tests/test_triton.py sets TRITON_INTERPRET, would
+# build its language functions for compiled mode and break every interpreted kernel in this process
+_SPEC = importlib.util.find_spec("triton")
+if _SPEC is None or not _SPEC.submodule_search_locations:
+    pytest.skip("triton is not installed", allow_module_level=True)
+_BIN = os.path.join(list(_SPEC.submodule_search_locations)[0], "backends", "nvidia", "bin")
 _HAVE_TOOLS = all(os.path.exists(os.path.join(_BIN, t)) for t in ("ptxas", "cuobjdump"))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
