@@ -207,7 +207,18 @@ def test_switch_and_model_state_hook(vllm_mod, configs):
         assert model.get_model_state_cls() is MambaHybridModelState
     settings = sv.settings_from_vllm_config(vc)
     assert settings.enabled and settings.window == 16
-    for key, bad in (("SSMSTATE_VLLM_WINDOW", "sixteen"), ("SSMSTATE_VLLM_BACKEND", "cuda")):
+    assert not settings.pdl and settings.backend_options is None
+    os.environ["SSMSTATE_VLLM_PDL"] = "on"
+    try:
+        assert sv.settings_from_vllm_config(vc).backend_options == {"pdl": True}
+        os.environ["SSMSTATE_VLLM_BACKEND"] = "reference"
+        with pytest.raises(sv.ConfigError, match="pdl needs the triton backend"):
+            sv.settings_from_vllm_config(vc)
+    finally:
+        os.environ.pop("SSMSTATE_VLLM_PDL")
+        os.environ.pop("SSMSTATE_VLLM_BACKEND", None)
+    for key, bad in (("SSMSTATE_VLLM_WINDOW", "sixteen"), ("SSMSTATE_VLLM_BACKEND", "cuda"),
+                     ("SSMSTATE_VLLM_PDL", "maybe")):
         os.environ[key] = bad
         try:
             with pytest.raises(sv.ConfigError):
@@ -219,6 +230,11 @@ def test_switch_and_model_state_hook(vllm_mod, configs):
     try:
         vc.additional_config = {"ssmstate": {"enabled": True, "window": 8}}
         assert sv.settings_from_vllm_config(vc) == sv.VllmSettings(enabled=True, window=8, backend="triton")
+        vc.additional_config = {"ssmstate": {"enabled": True, "pdl": True}}
+        assert sv.settings_from_vllm_config(vc).pdl
+        vc.additional_config = {"ssmstate": {"enabled": True, "pdl": "fast"}}
+        with pytest.raises(sv.ConfigError, match="pdl must be a bool"):
+            sv.settings_from_vllm_config(vc)
         vc.additional_config = {}
         assert not sv.is_enabled(vc)
     finally:
@@ -377,7 +393,10 @@ def test_builder_metadata_to_plan_and_step_loop_matches_oracle(vllm_mod, configs
             get_backend("triton").check(layout, torch.device("cpu"))
         except BackendUnavailableError as exc:
             pytest.skip(f"triton backend unavailable here: {exc}")
-    group = sv.attach_group(0, names, layout, views, cursors, torch.device("cpu"), backend, max_batch)
+    # triton: with pdl on (a no-op in the interpreter; the option's way through attach_group to the backend)
+    opts = {"pdl": True} if backend == "triton" else None
+    group = sv.attach_group(0, names, layout, views, cursors, torch.device("cpu"), backend, max_batch, opts)
+    assert getattr(group.manager.backend, "pdl", False) == (backend == "triton")
     runtime = sv.VllmStateRuntime([group], torch.device("cpu"), max_batch)
     manager = group.manager
 

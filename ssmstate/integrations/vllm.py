@@ -71,7 +71,7 @@ from ssmstate.plan import StepPlan
 
 #: Environment switch: "1"/"true"/"yes" turns ssmstate on for every vLLM config in the process.
 ENV_SWITCH = "SSMSTATE_VLLM"
-#: ``--additional-config`` key: ``{"ssmstate": {"enabled": true, "window": 16, "backend": "triton"}}``.
+#: ``--additional-config`` key: ``{"ssmstate": {"enabled": true, "window": 16, "backend": "triton", "pdl": false}}``.
 CONFIG_KEY = "ssmstate"
 #: Architectures whose config-time page sizing this module overrides (the layer hook alone is not enough).
 SUPPORTED_ARCHITECTURES = ("NemotronHForCausalLM",)
@@ -89,11 +89,19 @@ class VllmSettings:
         enabled: run ssmstate's Mamba state in place of vLLM's.
         window: W, the replay window (ring rows R = W + 1 + K).
         backend: ssmstate backend for verify/conv/commit ("triton" on GPU, "reference" anywhere).
+        pdl: with "triton", each layer's conv and verify launch as programmatic dependents
+            (:class:`~ssmstate.kernels.triton_backend.TritonBackend`); off by default.
     """
 
     enabled: bool = False
     window: int = 16
     backend: str = "triton"
+    pdl: bool = False
+
+    @property
+    def backend_options(self) -> dict[str, Any] | None:
+        """The :class:`StateManager` ``backend_options`` these settings ask for."""
+        return {"pdl": True} if self.pdl else None
 
 
 def _truthy(value: object) -> bool:
@@ -103,8 +111,8 @@ def _truthy(value: object) -> bool:
 def settings_from_vllm_config(vllm_config: VllmConfig | None) -> VllmSettings:
     """Read the switch: ``SSMSTATE_VLLM`` (env) or ``additional_config["ssmstate"]``.
 
-    The env var, when set, decides ``enabled``; ``SSMSTATE_VLLM_WINDOW`` and
-    ``SSMSTATE_VLLM_BACKEND`` override the config's window and backend.
+    The env var, when set, decides ``enabled``; ``SSMSTATE_VLLM_WINDOW``,
+    ``SSMSTATE_VLLM_BACKEND`` and ``SSMSTATE_VLLM_PDL`` override the config's window, backend and pdl.
     """
     extra: Mapping[str, Any] = {}
     if vllm_config is not None:
@@ -122,7 +130,16 @@ def settings_from_vllm_config(vllm_config: VllmConfig | None) -> VllmSettings:
     backend = str(os.environ.get(f"{ENV_SWITCH}_BACKEND", extra.get("backend", "triton")))
     if backend not in ("triton", "flashinfer", "reference"):
         raise ConfigError(f"ssmstate backend must be 'triton', 'flashinfer' or 'reference', got {backend!r}")
-    return VllmSettings(enabled=enabled, window=window, backend=backend)
+    raw_pdl = os.environ.get(f"{ENV_SWITCH}_PDL", extra.get("pdl", False))
+    if isinstance(raw_pdl, str) and raw_pdl.strip().lower() in ("0", "1", "true", "false", "yes", "no", "on", "off"):
+        pdl = _truthy(raw_pdl)
+    elif isinstance(raw_pdl, bool):
+        pdl = raw_pdl
+    else:
+        raise ConfigError(f"ssmstate pdl must be a bool (or 0/1, true/false, yes/no, on/off), got {raw_pdl!r}")
+    if pdl and backend != "triton":
+        raise ConfigError(f"ssmstate pdl needs the triton backend, got backend {backend!r}")
+    return VllmSettings(enabled=enabled, window=window, backend=backend, pdl=pdl)
 
 
 def is_enabled(vllm_config: VllmConfig | None) -> bool:
@@ -365,12 +382,13 @@ class SSMStateMambaMixer2(MambaMixer2):
         xBC, dt = torch.split(projected_states[:nd, self.tped_intermediate_size:],
                               [self.tped_conv_size, self.tped_dt_size], dim=-1)
         m = group.manager
+        dt = dt.contiguous()  # before the conv: with pdl the verify must follow the conv directly
         conv_out = m.conv(index, plan, xBC.contiguous(), self.conv_weights, self.conv1d.bias,
                           activation=self.activation)
         x, B, C = self.split_hidden_states_B_C_fn(conv_out)
         g = m.geometry
         H, P, G, N = g.heads_per_rank, g.head_dim, g.groups_per_rank, g.state_size
-        m.verify(index, plan, x.reshape(nd, H, P), dt.contiguous(), B.reshape(nd, G, N), C.reshape(nd, G, N),
+        m.verify(index, plan, x.reshape(nd, H, P), dt, B.reshape(nd, G, N), C.reshape(nd, G, N),
                  self.A, D=self.D, dt_bias=self.dt_bias, out=output[:nd].view(nd, H, P))
 
 
@@ -416,11 +434,12 @@ def plan_from_mamba2_metadata(manager: StateManager, metadata: Any,
 
 def attach_group(group_id: int, layer_names: list[str], layer_layout: PageLayout,
                  views: Sequence[dict[str, torch.Tensor]], cursors: torch.Tensor, device: torch.device,
-                 backend: str, max_batch: int) -> _GroupState:
+                 backend: str, max_batch: int, backend_options: Mapping[str, Any] | None = None) -> _GroupState:
     """A :class:`StateManager` over one KV-cache group's page views (vLLM's block ids = pages)."""
     layout = PageLayout.replay(attrs.evolve(layer_layout.geometry, num_layers=len(views)), layer_layout.spec)
     cache = StateCache.from_tensors(layout, list(views), cursors)
-    manager = StateManager(layout, cursors.shape[1], device, backend=backend, max_batch=max_batch, cache=cache)
+    manager = StateManager(layout, cursors.shape[1], device, backend=backend, max_batch=max_batch, cache=cache,
+                           backend_options=backend_options)
     return _GroupState(group_id, layer_names, manager)
 
 
@@ -444,7 +463,8 @@ class VllmStateRuntime:
 
     @classmethod
     def from_kv_cache_config(cls, kv_cache_config: KVCacheConfig, layers: Mapping[str, Any],
-                             device: torch.device, backend: str, max_batch: int) -> "VllmStateRuntime":
+                             device: torch.device, backend: str, max_batch: int,
+                             backend_options: Mapping[str, Any] | None = None) -> "VllmStateRuntime":
         """Attach to every :class:`SSMStateMambaSpec` group of a worker whose layers are bound."""
         device = torch.device(device)
         num_blocks = kv_cache_config.num_blocks
@@ -455,7 +475,8 @@ class VllmStateRuntime:
                 continue
             group_layers = [layers[name] for name in group.layer_names]
             state = attach_group(gid, list(group.layer_names), group_layers[0].ssmstate_layout,
-                                 [lyr.ssmstate_views for lyr in group_layers], cursors, device, backend, max_batch)
+                                 [lyr.ssmstate_views for lyr in group_layers], cursors, device, backend, max_batch,
+                                 backend_options)
             for i, lyr in enumerate(group_layers):
                 lyr.ssmstate_slot = (state, i)
             groups.append(state)
@@ -536,7 +557,8 @@ class SSMStateModelState(MambaHybridModelState):
         settings = settings_from_vllm_config(self.vllm_config)
         layers = self.vllm_config.compilation_config.static_forward_context
         self.ssmstate = VllmStateRuntime.from_kv_cache_config(kv_cache_config, layers, self.device,
-                                                              settings.backend, max_batch=self.max_num_reqs)
+                                                              settings.backend, max_batch=self.max_num_reqs,
+                                                              backend_options=settings.backend_options)
         for block_ids in self._pending_blocks:
             self.ssmstate.reset_blocks(block_ids)
         self._pending_blocks.clear()
