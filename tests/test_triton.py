@@ -660,6 +660,7 @@ def test_verify_trace_needs_the_gpu_tma_kernel():
     {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 3, "EARLY": 1},
     {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3, "KSPLIT": 1},
     {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "KSPLIT": 1},
+    {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3, "PREFOLD": 1},
     {"KERNEL": "ldg"},
 ], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_verify_reads_row_cursors(cfg):
@@ -749,3 +750,33 @@ def test_pdl_refusals():
     with pytest.raises(ConfigError, match="bad options"):
         StateManager(layout, 4, backend="triton", backend_options={"pdl": True, "stream": 2})
     assert StateManager(layout, 4, backend="triton", backend_options={"pdl": True}).backend.pdl
+
+
+@pytest.mark.parametrize("W,T", [(16, 4), (8, 2), (32, 8)])
+@pytest.mark.parametrize("route,state_dtype,act_dtype", [
+    ("mixed", torch.float32, torch.float32), ("flush", torch.float32, torch.bfloat16),
+    ("nonflush", torch.bfloat16, torch.bfloat16), ("mixed", torch.float16, torch.float16),
+])
+def test_tma_prefold(W, T, route, state_dtype, act_dtype):
+    """``PREFOLD``: the history folded into the tile from the checkpoint and ring alone (stored on flush rows), the
+    window then read against it as a row without history: outputs, checkpoint, rings as the reference's."""
+    gen = torch.Generator().manual_seed(W * 10 + T)
+    case = make_case(gen, "cpu", pages=8, H=4, G=2, P=32, N=32, W=W, T=T, rows=5, n_pad=1, route=route,
+                     state_dtype=state_dtype, act_dtype=act_dtype)
+    got = run_verify(trk.replay_verify, case, config={"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3, "PREFOLD": 1})
+    compare_verify(case, got, run_verify(ref.replay_verify, case), out_tol=TOL[act_dtype],
+                   state_tol=TOL[state_dtype])
+
+
+def test_tma_prefold_refusals():
+    """``PREFOLD`` needs one head per program with its tile loaded ahead (EARLY 3) and one launch (SPLIT 0)."""
+    case = make_case(torch.Generator().manual_seed(5), "cpu", pages=4, H=2, G=1, P=16, N=16, W=8, T=2, rows=2,
+                     n_pad=0)
+    before = {k: v.clone() for k, v in case["state"].items()}
+    out = torch.full_like(case["x"], 7.0)
+    for bad in ({"KERNEL": "tma", "PREFOLD": 1}, {"KERNEL": "tma", "EARLY": 3, "PREFOLD": 2},
+                {"KERNEL": "tma", "EARLY": 3, "SPLIT": 1, "PREFOLD": 1}):
+        with pytest.raises(ConfigError, match="PREFOLD must be"):
+            trk.replay_verify(*verify_args(case), out, config=bad)
+    assert all(torch.equal(before[k], case["state"][k]) for k in before)
+    assert bool((out == 7.0).all())

@@ -787,6 +787,39 @@ def _tma_body(
 
 
 @triton.jit
+def _prefold(S0, page, h, g, c, rs, q, window, R, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, A_ptr, s_ck_pg, s_ck_h,
+             s_xr_pg, s_xr_h, s_xr_r, s_Br_pg, s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, offs_p, offs_n,
+             BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD_SPLIT: tl.constexpr,
+             FOLD_PREC: tl.constexpr, IDX64: tl.constexpr):
+    """``PREFOLD``: head ``h``'s tile with the row's ``c`` history rows folded in, ``S1 = e^{AΛ} S0 + (X_h w)ᵀ B_h``
+    (fp32, the flush route's fold), from the checkpoint and the ring only; stored over the checkpoint when the row
+    flushes (``c + q > window``). The window is then read against ``S1`` as a row with no history whose ring starts
+    at ``rs + c``. Returns ``S1``."""
+    kk = tl.arange(0, BLOCK_K)
+    is_hist = kk < c
+    ring = _wrap(rs + kk, R)
+    if IDX64:
+        ring = ring.to(tl.int64)
+    X_h = tl.load(xr_ptr + page * s_xr_pg + h * s_xr_h + ring[:, None] * s_xr_r + offs_p[None, :],
+                  mask=is_hist[:, None], other=0.0)
+    dth = tl.load(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
+    B_h = tl.load(Br_ptr + page * s_Br_pg + g * s_Br_g + ring[:, None] * s_Br_r + offs_n[None, :],
+                  mask=is_hist[:, None], other=0.0).to(tl.float32)
+    A = tl.load(A_ptr + h).to(tl.float32)
+    XTw, hi, lo, carry = _fold_weights(tl.trans(X_h.to(tl.float32)), dth, A, FOLD_SPLIT)
+    S1 = S0.to(tl.float32) * carry
+    if FOLD_SPLIT:  # B_h exact in tf32 (16-bit ring): split only the x side, two tf32 dots
+        S1 = tl.dot(hi, B_h, acc=S1, input_precision="tf32")
+        S1 = tl.dot(lo, B_h, acc=S1, input_precision="tf32")
+    else:
+        S1 = tl.dot(XTw, B_h, acc=S1, input_precision=FOLD_PREC)
+    if c + q > window:  # the TMA kernel's checkpoint is contiguous: the tile's rows are N apart
+        ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * BLOCK_N + offs_n[None, :]
+        tl.store(ck, S1.to(ck_ptr.dtype.element_ty))
+    return S1
+
+
+@triton.jit
 def _tma_program(
     pt, h0_32, nh, row, rt, trace, slot,
     P: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr, HEADS: tl.constexpr, HSTAGES: tl.constexpr,
@@ -796,7 +829,7 @@ def _tma_program(
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr, ROUTE: tl.constexpr, DYN: tl.constexpr,
     TRACE: tl.constexpr, EARLY: tl.constexpr, ROWCUR: tl.constexpr, BLOCK_KN: tl.constexpr,
-    KSPLIT: tl.constexpr, GDC: tl.constexpr,
+    KSPLIT: tl.constexpr, GDC: tl.constexpr, PREFOLD: tl.constexpr,
 ):
     """One program's work of the TMA verify kernel: row ``row``, P tile ``pt``, the ``HEADS`` heads of one group
     from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
@@ -805,7 +838,9 @@ def _tma_program(
     head count. ``ROWCUR``: the row's cursors come from the per-step row cursors (``rc``), loaded beside the page
     id, instead of from its page after it. ``KSPLIT``: non-flush rows take a ``BLOCK_KN``-row sequence tile
     (:func:`_tma_body`). ``GDC`` (``pdl=True``): 1 the program waits for the kernel before after its cursors and L2
-    prefetches, 2 also after its tile's TMA copy (EARLY 3), then lets the next kernel launch; 0 no wait."""
+    prefetches, 2 also after its tile's TMA copy (EARLY 3), then lets the next kernel launch; 0 no wait.
+    ``PREFOLD`` (EARLY 3): the history is folded into the tile first (:func:`_prefold`, before that wait), and the
+    body reads only the window, on a tile of ``max(16, BLOCK_S)`` rows."""
     (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
      dtb_ptr, z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
      s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t,
@@ -845,11 +880,26 @@ def _tma_program(
         # GDC (a programmatic dependent, pdl=True): the page id, cursors and the prefetches above went out while
         # the kernel before ran, and with GDC 2 (EARLY 3) the head's tile copy too; the step's inputs (x, B, C,
         # dt, z) only after that kernel has ended
-        TILE_IN: tl.constexpr = GDC == 2 and EARLY == 3
+        TILE_IN: tl.constexpr = (GDC == 2 or PREFOLD) and EARLY == 3
         if TILE_IN:
             S_in = ck_desc.load([ck_row0, 0])
         else:
             S_in = page  # unused
+        if PREFOLD:
+            if ROWCUR:
+                c_h = c_row
+                rs_h = rs_row
+            else:
+                c_h = tl.load(nc_ptr + page)
+                rs_h = tl.load(rs_ptr + page)
+            offs_ph = pt * BLOCK_P + tl.arange(0, BLOCK_P)
+            offs_nh = tl.arange(0, BLOCK_N)
+            if IDX64:
+                offs_ph = offs_ph.to(tl.int64)
+                offs_nh = offs_nh.to(tl.int64)
+            S_in = _prefold(S_in, page, h0, g, c_h, rs_h, q, window, R, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, A_ptr,
+                            s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg, s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h,
+                            s_dtr_r, offs_ph, offs_nh, BLOCK_P, BLOCK_N, BLOCK_K, FOLD_SPLIT, FOLD_PREC, IDX64)
         if GDC:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -873,7 +923,13 @@ def _tma_program(
         _stamp(trace, slot + 1, c + rs, TRACE)
         # KSPLIT: a non-flush row's sequence is at most W rows (c + q <= W), so its build takes a tile of BLOCK_KN
         # rows, not the ring's BLOCK_K: each route its own build (one launch for both routes: a branch on the route)
-        if KSPLIT and ROUTE == 0 and BLOCK_KN < BLOCK_K:
+        if PREFOLD:  # the history is in S_in: the window alone, as a row with no history whose ring starts at rs + c
+            BW: tl.constexpr = BLOCK_S if BLOCK_S > 16 else 16
+            _tma_body(page, h0, g, pt, nh, q, lo, 0, _wrap(rs + c, R), ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt,
+                      trace, slot, S_in, P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BW, BLOCK_S, HAS_D,
+                      HAS_DTB, HAS_Z, DT_SOFTPLUS, GRAM16, False, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_AHEAD,
+                      PF_TILE, ROUTE, DYN, TRACE, EARLY, 0, TILE_IN)
+        elif KSPLIT and ROUTE == 0 and BLOCK_KN < BLOCK_K:
             if c + q > window:
                 _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, trace, slot,
                           S_in, P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB,
@@ -920,7 +976,7 @@ def _verify_tma_kernel(
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
     ROUTE: tl.constexpr, PERSIST: tl.constexpr, BLOCK_ROWS: tl.constexpr, FLUSH_W: tl.constexpr,
     NONFLUSH_W: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr, ROWCUR: tl.constexpr,
-    BLOCK_KN: tl.constexpr, KSPLIT: tl.constexpr, GDC: tl.constexpr,
+    BLOCK_KN: tl.constexpr, KSPLIT: tl.constexpr, GDC: tl.constexpr, PREFOLD: tl.constexpr,
 ):
     # what every program passes on but the constants (a tuple's constants would lose their constexpr type)
     rt = (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
@@ -939,7 +995,7 @@ def _verify_tma_kernel(
         _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt, trace, 2,
             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
             DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD,
-            PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC)
+            PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC, PREFOLD)
         segs = 1
     else:
         # a persistent grid over the route's rows (flush rows for ROUTE 2), ranked on the device: an empty route
@@ -969,7 +1025,7 @@ def _verify_tma_kernel(
                     2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                     P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                     DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                    PF_AHEAD, PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC)
+                    PF_AHEAD, PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC, PREFOLD)
                 segs += 1
                 k += tl.num_programs(0)
         else:  # PERSIST 2: each program streams an equal, contiguous share of the (row, P tile, head) items' cost,
@@ -995,7 +1051,8 @@ def _verify_tma_kernel(
                         _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB,
                             HAS_Z, DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X,
-                            PF_B, PF_DT, PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC)
+                            PF_B, PF_DT, PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY,
+                            ROWCUR, BLOCK_KN, KSPLIT, GDC, PREFOLD)
                         segs += 1
                     x = tl.where(nh > 0, base + (j + nh) * w, base + per_row * w)  # past the segment, or the row
             else:  # one route's rows, every head of unit cost: route item x is head x % per_row of the route's
@@ -1014,7 +1071,7 @@ def _verify_tma_kernel(
                     _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                         P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                         DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                        PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC)
+                        PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC, PREFOLD)
                     segs += 1
                     x += nh
                     k = x // per_row
@@ -1373,7 +1430,10 @@ def replay_verify(
             SPLIT's non-flush launch), ``PDL_TILE`` (with ``pdl=True`` only: what of the checkpoint goes out before
             the wait: 0 nothing more than the config's prefetches, 1 the first tile into L2, 2 with EARLY=3 the
             tile's TMA copy itself; default with EARLY=3: 2 where the grid is at most one program per SM, 1 from
-            16 programs per SM; else 0), ``num_warps``, ``num_stages``, ``maxnreg`` (register cap, GPU only; at least
+            16 programs per SM; else 0), ``PREFOLD`` (1, with EARLY=3 and SPLIT=0: each program folds the row's
+            history into its tile from the checkpoint and ring alone, storing it on flush rows, before it reads the
+            window, then reads only the window against the folded tile: with ``pdl`` the fold runs before the wait;
+            not yet timed on the GPU), ``num_warps``, ``num_stages``, ``maxnreg`` (register cap, GPU only; at least
             128, or 0, where the capped launch holds a sequence tile over 32 rows: a lower cap was measured to build
             a faulting kernel). Results agree to fp32/tf32 rounding across configs.
         trace: diagnostics, TMA kernel on the GPU only: (2, programs, 32, 2) int64, caller-owned. Launch ``j`` (0,
@@ -1513,6 +1573,10 @@ def replay_verify(
                            1 if early == 3 and programs >= 16 * sms else 0)
         if pdl_tile not in (0, 1, 2) or (pdl_tile == 2 and early != 3):
             raise ConfigError(f"config PDL_TILE must be 0, 1 or 2 (2 with EARLY=3), got {pdl_tile} with EARLY={early}")
+        prefold = cfg.get("PREFOLD", 0)
+        if prefold not in (0, 1) or (prefold and (early != 3 or SPLIT)):
+            raise ConfigError(f"config PREFOLD must be 0 or 1 (1 with EARLY=3 and SPLIT=0), got {prefold} with "
+                              f"EARLY={early}, SPLIT={SPLIT}")
         ksplit = cfg.get("KSPLIT", 0)
         if ksplit not in (0, 1):
             raise ConfigError(f"config KSPLIT must be 0 or 1, got {ksplit}")
@@ -1548,6 +1612,7 @@ def replay_verify(
                 NONFLUSH_W=4, PDL=pdl, TRACE=trace is not None, ROWCUR=row_cursors is not None,
                 EARLY=early if heads == 1 and not persist else min(early, 2),
                 BLOCK_KN=_pow2(min(window, R)), KSPLIT=ksplit, GDC=gdc,
+                PREFOLD=prefold if heads == 1 and not persist else 0,
                 **launch_flags, **({"launch_pdl": True} if pdl == 2 or gdc else {}),
             )
 
@@ -1636,7 +1701,7 @@ def _l2_prefetch(level: int, tile_bytes: int, x_ring: Tensor, B_ring: Tensor, dt
 #: config keys :func:`replay_verify` accepts, and those that only the LDG / the TMA kernel reads
 _LDG_KEYS = frozenset({"HPP", "NC", "NS", "FUSE", "PREFETCH"})
 _TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES", "PFHEADS", "SPLIT", "SPLIT_HEADS", "STREAM", "PROGS",
-                       "FLUSH_W", "PDL", "EARLY", "KSPLIT", "PDL_TILE"})
+                       "FLUSH_W", "PDL", "EARLY", "KSPLIT", "PDL_TILE", "PREFOLD"})
 #: most rows a STREAM launch ranks (its rank vector lives in registers: BLOCK_ROWS / 128 per thread)
 _STREAM_ROWS = 1024
 #: fewest registers a capped TMA launch may take when it holds a sequence tile over 32 rows (see replay_verify)
