@@ -162,6 +162,19 @@ def _fold_weights(XT, dth, A, FOLD_SPLIT: tl.constexpr):
 
 
 @triton.jit
+def _fold_tile(S0, XTw, hi, lo, carry, Bh, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr):
+    """The whole tile's fold ``e^{AΛ} S0 + (X_h w)ᵀ B_h`` in fp32 from :func:`_fold_weights`' factors (``Bh``: fp32,
+    zero past the history)."""
+    S1 = S0.to(tl.float32) * carry
+    if FOLD_SPLIT:  # B_h exact in tf32 (16-bit ring): split only the x side, two tf32 dots
+        S1 = tl.dot(hi, Bh, acc=S1, input_precision="tf32")
+        S1 = tl.dot(lo, Bh, acc=S1, input_precision="tf32")
+    else:
+        S1 = tl.dot(XTw, Bh, acc=S1, input_precision=FOLD_PREC)
+    return S1
+
+
+@triton.jit
 def _fold_chunk(Sc, ck, mc, oc, b_hist, is_hist, N_, XTw, hi, lo, ck_ptr, EVEN: tl.constexpr,
                 FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr):
     """Store ``Sc + (X_h w)ᵀ B_h[:, oc]`` (``Sc``: the chunk's carried checkpoint) over the chunk ``ck``."""
@@ -607,12 +620,7 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
                 Bf = Bh
             else:
                 Bf = tl.where(is_hist[:, None], B_raw.to(tl.float32), 0.0)
-            S1 = S0.to(tl.float32) * carry
-            if FOLD_SPLIT:  # B_h exact in tf32 (16-bit ring): split only the x side, two tf32 dots
-                S1 = tl.dot(hi, Bf, acc=S1, input_precision="tf32")
-                S1 = tl.dot(lo_, Bf, acc=S1, input_precision="tf32")
-            else:
-                S1 = tl.dot(XTw, Bf, acc=S1, input_precision=FOLD_PREC)
+            S1 = _fold_tile(S0, XTw, hi, lo_, carry, Bf, FOLD_SPLIT, FOLD_PREC)
             oc, ck, mc = _chunk(ck_page, h, s_ck_h, 0, mp, N, BLOCK_N, BLOCK_P, BLOCK_N, IDX64)
             tl.store(ck, S1.to(ck_ptr.dtype.element_ty))
         else:  # N chunk by N chunk (chunks re-read, L2 hits, so no full-tile accumulator is live)
@@ -807,12 +815,7 @@ def _prefold(S0, page, h, g, c, rs, q, window, R, ck_ptr, xr_ptr, Br_ptr, dtr_pt
                   mask=is_hist[:, None], other=0.0).to(tl.float32)
     A = tl.load(A_ptr + h).to(tl.float32)
     XTw, hi, lo, carry = _fold_weights(tl.trans(X_h.to(tl.float32)), dth, A, FOLD_SPLIT)
-    S1 = S0.to(tl.float32) * carry
-    if FOLD_SPLIT:  # B_h exact in tf32 (16-bit ring): split only the x side, two tf32 dots
-        S1 = tl.dot(hi, B_h, acc=S1, input_precision="tf32")
-        S1 = tl.dot(lo, B_h, acc=S1, input_precision="tf32")
-    else:
-        S1 = tl.dot(XTw, B_h, acc=S1, input_precision=FOLD_PREC)
+    S1 = _fold_tile(S0, XTw, hi, lo, carry, B_h, FOLD_SPLIT, FOLD_PREC)
     if c + q > window:  # the TMA kernel's checkpoint is contiguous: the tile's rows are N apart
         ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * BLOCK_N + offs_n[None, :]
         tl.store(ck, S1.to(ck_ptr.dtype.element_ty))
