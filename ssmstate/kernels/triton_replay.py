@@ -132,12 +132,12 @@ def _stamp(trace, slot, dep, TRACE: tl.constexpr):
 
 
 @triton.jit
-def _pdl_wait_end():
-    """The end of a program launched as a programmatic dependent (``pdl=True``): wait for the kernel before to end
-    (at once where the program has waited already), then let the next kernel launch. A program that skipped its
-    work (a padding row, the other route) would otherwise exit before that wait, and once every program has
-    triggered or exited the next kernel may start: it must never start while the kernel before this one runs,
-    since its own early reads count on every kernel before it having ended."""
+def _pdl_wait():
+    """In a program launched as a programmatic dependent (``pdl=True``): wait for the kernel before to end (at once
+    where the program has waited already), then let the next kernel launch. Always in that order: once every
+    program has triggered or exited the next kernel may start, and it must never start while the kernel before
+    this one runs, since its own early reads count on every kernel before it having ended. So a program that
+    skipped its work (a padding row, the other route) calls this before it exits, too."""
     tl.extra.cuda.gdc_wait()
     tl.extra.cuda.gdc_launch_dependents()
 
@@ -462,8 +462,7 @@ def _replay_verify_kernel(
         c = tl.load(nc_ptr + page)
         rs = tl.load(rs_ptr + page)
         if GDC:  # a programmatic dependent (pdl=True): the step's inputs only after the kernel before has ended
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+            _pdl_wait()
         kk = tl.arange(0, BLOCK_K)
         is_hist = kk < c
         is_new = (kk >= c) & (kk < c + q)
@@ -507,8 +506,8 @@ def _replay_verify_kernel(
                           z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h, s_ck_h, S_CK_P, HPP, PREFETCH,
                           BLOCK_P, BLOCK_N, FOLD_N, EVEN, False, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, DOT_PREC,
                           FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, FUSE)
-    if GDC:  # a program that skipped its row ends only after the kernel before too (see _pdl_wait_end)
-        _pdl_wait_end()
+    if GDC:  # a program that skipped its row ends only after the kernel before too
+        _pdl_wait()
 
 
 # -- verify, TMA route -----------------------------------------------------------------------
@@ -795,6 +794,17 @@ def _tma_body(
 
 
 @triton.jit
+def _tile_offsets(pt, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, IDX64: tl.constexpr):
+    """The head-dim rows of P tile ``pt`` and the state columns (int64 in the interpreter: ``IDX64``)."""
+    offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    if IDX64:
+        offs_p = offs_p.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+    return offs_p, offs_n
+
+
+@triton.jit
 def _prefold(S0, page, h, g, c, rs, q, window, R, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, A_ptr, s_ck_pg, s_ck_h,
              s_xr_pg, s_xr_h, s_xr_r, s_Br_pg, s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, offs_p, offs_n,
              BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD_SPLIT: tl.constexpr,
@@ -888,36 +898,32 @@ def _tma_program(
             S_in = ck_desc.load([ck_row0, 0])
         else:
             S_in = page  # unused
-        if PREFOLD:
+        if PREFOLD:  # the fold needs the cursors now (without ROWCUR one round trip earlier than below)
             if ROWCUR:
                 c_h = c_row
                 rs_h = rs_row
             else:
                 c_h = tl.load(nc_ptr + page)
                 rs_h = tl.load(rs_ptr + page)
-            offs_ph = pt * BLOCK_P + tl.arange(0, BLOCK_P)
-            offs_nh = tl.arange(0, BLOCK_N)
-            if IDX64:
-                offs_ph = offs_ph.to(tl.int64)
-                offs_nh = offs_nh.to(tl.int64)
+            offs_p, offs_n = _tile_offsets(pt, BLOCK_P, BLOCK_N, IDX64)
             S_in = _prefold(S_in, page, h0, g, c_h, rs_h, q, window, R, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, A_ptr,
                             s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg, s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h,
-                            s_dtr_r, offs_ph, offs_nh, BLOCK_P, BLOCK_N, BLOCK_K, FOLD_SPLIT, FOLD_PREC, IDX64)
+                            s_dtr_r, offs_p, offs_n, BLOCK_P, BLOCK_N, BLOCK_K, FOLD_SPLIT, FOLD_PREC, IDX64)
         if GDC:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
-        offs_n = tl.arange(0, BLOCK_N)
+            _pdl_wait()
+        # (computed here, after the wait, in every other build: the order the measured builds have)
+        offs_p, offs_n = _tile_offsets(pt, BLOCK_P, BLOCK_N, IDX64)
         ss = tl.arange(0, BLOCK_S)
         ms = ss < q
         tw = lo + ss
         if IDX64:  # the interpreter checks every int32 vector op for overflow: int64 skips it
-            offs_p = offs_p.to(tl.int64)
-            offs_n = offs_n.to(tl.int64)
             tw = tw.to(tl.int64)
         # what the heads share: C over the window, the cursors, the sequence's B rows and the Gram B·Cᵀ
         Cw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :], mask=ms[:, None], other=0.0)
-        if ROWCUR:
+        if PREFOLD:
+            c = c_h
+            rs = rs_h
+        elif ROWCUR:
             c = c_row
             rs = rs_row
         else:
@@ -1083,7 +1089,7 @@ def _verify_tma_kernel(
         # before), so what follows both in the stream sees both launches' writes
         tl.extra.cuda.gdc_wait()
     if GDC:  # programs that met no row of theirs (or a persistent one's last) end after the kernel before too
-        _pdl_wait_end()
+        _pdl_wait()
     if TRACE:
         tl.store(trace + 2 * (_TRACE_SLOTS - 2), segs)
     _stamp(trace, _TRACE_SLOTS - 1, segs, TRACE)
