@@ -420,18 +420,21 @@ def test_l2_prefetch_sizes(monkeypatch):
 
 
 def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
-    """As measured on the H200: batch 1 (at most one program per SM) runs uncapped with L2 prefetches; grids of
+    """As measured on the H200: batch 1 (at most one program per SM) runs uncapped with L2 prefetches, a flush row
+    folding in 64-column chunks; grids of
     96 or more heads per SM up to 1,024 rows (batch 99-1,024 at H=128) take the route-split streamed launches;
     longer grids with at least 15 programs per SM when a program takes a group's 16 heads run those heads in a
     2-stage pipeline, uncapped, flush rows folded in one product; the grids between one head per program capped
     at 96 registers. The streamed launches give non-flush rows a sequence tile of pow2(W) rows (``KSPLIT``); rings
     over 32 rows (W=32: R=36) take the TMA kernel only that way (flush rows on a 64-row tile, in the same launch
-    under a 128-register cap below the streamed launches), and the LDG kernel once W itself is over 32."""
+    under a 128-register cap below the streamed launches; their streamed flush launch stores by TMA), and the LDG
+    kernel once W itself is over 32."""
     monkeypatch.setattr(trk, "_compiled", lambda device: True)
     monkeypatch.setattr(trk, "_num_sms", lambda device: 132)
     cuda = torch.device("cuda")
     small = trk.verify_config(1, 128, 64, 128, 20, 4, cuda, 8)
     assert small["KERNEL"] == "tma" and small["L2PF"] == 2 and "maxnreg" not in small and "HEADS" not in small
+    assert small["FOLD_N"] == 64  # uncapped: a flush row folds in two 64-column chunks
     for rows in (8, 32, 64, 98):  # 1,024 / 4,096 / 8,192 / 12,544 heads: under 96 per SM
         mid = trk.verify_config(rows, 128, 64, 128, 20, 4, cuda, 8)
         assert mid["KERNEL"] == "tma" and mid["maxnreg"] == 96 and "L2PF" not in mid and "HEADS" not in mid
@@ -440,6 +443,7 @@ def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
         split = trk.verify_config(rows, 128, 64, 128, 20, 4, cuda, 8)
         assert {k: split.get(k) for k in ("SPLIT", "STREAM", "PDL", "PROGS", "maxnreg", "PFHEADS", "KSPLIT")} == dict(
             SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1, KSPLIT=1)
+        assert "TMA_STORE" not in split  # W=16: the flush launch stores from registers
     assert "KSPLIT" not in small and "KSPLIT" not in trk.verify_config(32, 128, 64, 128, 20, 4, cuda, 8)
     large = trk.verify_config(1025, 128, 64, 128, 20, 4, cuda, 8)  # past the rows a stream ranks in registers
     assert large["KERNEL"] == "tma" and "maxnreg" not in large and "L2PF" not in large and "STREAM" not in large
@@ -457,7 +461,7 @@ def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
     for T in (4, 8):  # W = 32
         w32 = [trk.verify_config(rows, 128, 64, 128, 32 + T, T, cuda, 8) for rows in (1, 32, 98, 256, 2048)]
         assert all(c["KERNEL"] == "tma" and c["KSPLIT"] == 1 for c in w32)
-        assert w32[0]["L2PF"] == 2 and w32[3]["STREAM"] == 2
+        assert w32[0]["L2PF"] == 2 and w32[3]["STREAM"] == 2 and w32[3]["TMA_STORE"] == 1
         assert all(c["maxnreg"] == 128 and c["EARLY"] == 3 and "HEADS" not in c for c in (w32[1], w32[2], w32[4]))
     assert trk.verify_config(1, 128, 64, 128, 52, 4, cuda, 8)["KERNEL"] == "ldg"  # W = 48
 
@@ -596,6 +600,31 @@ def test_tma_split_launch(route):
                        state_tol=TOL[torch.float32])
 
 
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("route", ["mixed", "flush"])
+def test_tma_store(route, state_dtype):
+    """``TMA_STORE``: a flush row's new checkpoint leaves by a TMA bulk store from shared memory, in every launch
+    that folds whole tiles (SPLIT's flush launch round-robin or streamed, the one-head and multi-head launches with
+    ``FOLD_N`` >= N); outputs and state as the reference's. A launch folding in column chunks refuses the key, and
+    so does any value but 0 or 1, changing nothing."""
+    gen = torch.Generator().manual_seed(17)
+    case = make_case(gen, "cpu", pages=9, H=8, G=2, P=32, N=32, W=12, T=4, rows=6, n_pad=2, route=route,
+                     state_dtype=state_dtype, act_dtype=torch.bfloat16)
+    want = run_verify(ref.replay_verify, case)
+    for cfg in ({"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "SPLIT_HEADS": 2},
+                {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 3},
+                {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3, "FOLD_N": 32},
+                {"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 4, "HSTAGES": 2, "FOLD_N": 32}):
+        compare_verify(case, run_verify(trk.replay_verify, case, config={**cfg, "TMA_STORE": 1}), want,
+                       out_tol=TOL[torch.bfloat16], state_tol=TOL[state_dtype])
+    before = {k: v.clone() for k, v in case["state"].items()}
+    out = torch.full_like(case["x"], 7.0)
+    for bad in ({"KERNEL": "tma", "FOLD_N": 16, "TMA_STORE": 1}, {"KERNEL": "tma", "SPLIT": 1, "TMA_STORE": 2}):
+        with pytest.raises(ConfigError, match="TMA_STORE must be"):
+            trk.replay_verify(*verify_args(case), out, config=bad)
+    assert all(torch.equal(before[k], case["state"][k]) for k in before) and bool((out == 7.0).all())
+
+
 @pytest.mark.parametrize("kernel", ["tma", "ldg", "tma-early"])
 def test_verify_never_reads_stale_ring_rows(kernel):
     """Ring rows outside a row's history hold inf (x, B) and 1e30 (dt): no output or state may see them."""
@@ -660,7 +689,6 @@ def test_verify_trace_needs_the_gpu_tma_kernel():
     {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 3, "EARLY": 1},
     {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3, "KSPLIT": 1},
     {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "KSPLIT": 1},
-    {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3, "PREFOLD": 1},
     {"KERNEL": "ldg"},
 ], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_verify_reads_row_cursors(cfg):
@@ -750,33 +778,3 @@ def test_pdl_refusals():
     with pytest.raises(ConfigError, match="bad options"):
         StateManager(layout, 4, backend="triton", backend_options={"pdl": True, "stream": 2})
     assert StateManager(layout, 4, backend="triton", backend_options={"pdl": True}).backend.pdl
-
-
-@pytest.mark.parametrize("W,T", [(16, 4), (8, 2), (32, 8)])
-@pytest.mark.parametrize("route,state_dtype,act_dtype", [
-    ("mixed", torch.float32, torch.float32), ("flush", torch.float32, torch.bfloat16),
-    ("nonflush", torch.bfloat16, torch.bfloat16), ("mixed", torch.float16, torch.float16),
-])
-def test_tma_prefold(W, T, route, state_dtype, act_dtype):
-    """``PREFOLD``: the history folded into the tile from the checkpoint and ring alone (stored on flush rows), the
-    window then read against it as a row without history: outputs, checkpoint, rings as the reference's."""
-    gen = torch.Generator().manual_seed(W * 10 + T)
-    case = make_case(gen, "cpu", pages=8, H=4, G=2, P=32, N=32, W=W, T=T, rows=5, n_pad=1, route=route,
-                     state_dtype=state_dtype, act_dtype=act_dtype)
-    got = run_verify(trk.replay_verify, case, config={"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3, "PREFOLD": 1})
-    compare_verify(case, got, run_verify(ref.replay_verify, case), out_tol=TOL[act_dtype],
-                   state_tol=TOL[state_dtype])
-
-
-def test_tma_prefold_refusals():
-    """``PREFOLD`` needs one head per program with its tile loaded ahead (EARLY 3) and one launch (SPLIT 0)."""
-    case = make_case(torch.Generator().manual_seed(5), "cpu", pages=4, H=2, G=1, P=16, N=16, W=8, T=2, rows=2,
-                     n_pad=0)
-    before = {k: v.clone() for k, v in case["state"].items()}
-    out = torch.full_like(case["x"], 7.0)
-    for bad in ({"KERNEL": "tma", "PREFOLD": 1}, {"KERNEL": "tma", "EARLY": 3, "PREFOLD": 2},
-                {"KERNEL": "tma", "EARLY": 3, "SPLIT": 1, "PREFOLD": 1}):
-        with pytest.raises(ConfigError, match="PREFOLD must be"):
-            trk.replay_verify(*verify_args(case), out, config=bad)
-    assert all(torch.equal(before[k], case["state"][k]) for k in before)
-    assert bool((out == 7.0).all())

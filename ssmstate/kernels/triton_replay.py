@@ -560,7 +560,7 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
               HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
               READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
               IDX64: tl.constexpr, FLUSH: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
-              NEXT: tl.constexpr, PRE_TILE: tl.constexpr):
+              NEXT: tl.constexpr, PRE_TILE: tl.constexpr, TMA_STORE: tl.constexpr):
     """Head ``h0 + i`` of a :func:`_tma_heads` loop whose last head is ``h0 + last``; its gathers
     (``X_raw`` .. ``zz``) were issued one iteration earlier. Returns head ``i + 1``'s gathers, issued here
     (``NEXT``; else this head's again)."""
@@ -620,8 +620,11 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
             else:
                 Bf = tl.where(is_hist[:, None], B_raw.to(tl.float32), 0.0)
             S1 = _fold_tile(S0, XTw, hi, lo_, carry, Bf, FOLD_SPLIT, FOLD_PREC)
-            oc, ck, mc = _chunk(ck_page, h, s_ck_h, 0, mp, N, BLOCK_N, BLOCK_P, BLOCK_N, IDX64)
-            tl.store(ck, S1.to(ck_ptr.dtype.element_ty))
+            if TMA_STORE:  # registers to shared memory, then one asynchronous bulk copy to the tile's place
+                ck_desc.store([ck_row0 + i * P, 0], S1.to(ck_ptr.dtype.element_ty))
+            else:
+                oc, ck, mc = _chunk(ck_page, h, s_ck_h, 0, mp, N, BLOCK_N, BLOCK_P, BLOCK_N, IDX64)
+                tl.store(ck, S1.to(ck_ptr.dtype.element_ty))
         else:  # N chunk by N chunk (chunks re-read, L2 hits, so no full-tile accumulator is live)
             b_hist = Br_base + ring * s_Br_r
             for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
@@ -640,7 +643,7 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
                READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
                IDX64: tl.constexpr, FLUSH: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
-               DYN: tl.constexpr, FIRST: tl.constexpr):
+               DYN: tl.constexpr, FIRST: tl.constexpr, TMA_STORE: tl.constexpr):
     """The TMA kernel's heads ``h0 .. h0 + HEADS - 1`` of one row in a software pipeline (``HSTAGES`` tile
     buffers: head i + 1's tile copy and, into registers, its gathers go out while head i computes).
     ``DYN``: the runtime count ``nh`` of heads instead, in a plain loop (one tile buffer; the interpreter
@@ -676,7 +679,7 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                 s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                 is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
                 zz_n, S_pre, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
-                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, True, False)
+                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, True, False, TMA_STORE)
             i += 1
     else:
         for i in tl.range(0, HEADS, num_stages=HSTAGES):
@@ -686,7 +689,7 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                 s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                 is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
                 zz_n, S_pre, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
-                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, HEADS > 1, FIRST == 2)
+                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, HEADS > 1, FIRST == 2, TMA_STORE)
 
 
 @triton.jit
@@ -698,6 +701,7 @@ def _tma_body(
     GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr, ROUTE: tl.constexpr,
     DYN: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr, FMODE: tl.constexpr, TILE_IN: tl.constexpr,
+    TMA_STORE: tl.constexpr,
 ):
     """:func:`_tma_program` once the row's cursors are known: the sequence of ``BLOCK_K`` rows (history, then the
     window), the shared B rows and Gram, then the heads. ``FMODE``: the row's route when the caller branched on it
@@ -766,28 +770,28 @@ def _tma_body(
                    s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                    is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
-                   FOLD_PREC, IDX64, FMODE, PF_AHEAD, PF_TILE, DYN, FIRST)
+                   FOLD_PREC, IDX64, FMODE, PF_AHEAD, PF_TILE, DYN, FIRST, TMA_STORE)
     elif ROUTE != 0 or (HEADS == 1 and not DYN):
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                    s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                    is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
-                   FOLD_PREC, IDX64, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN, FIRST)
+                   FOLD_PREC, IDX64, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN, FIRST, TMA_STORE)
     elif flush:
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                    s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                    is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
-                   FOLD_PREC, IDX64, 1, PF_AHEAD, PF_TILE, DYN, FIRST)
+                   FOLD_PREC, IDX64, 1, PF_AHEAD, PF_TILE, DYN, FIRST, TMA_STORE)
     else:
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                    s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                    is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
-                   FOLD_PREC, IDX64, 0, PF_AHEAD, PF_TILE, DYN, FIRST)
+                   FOLD_PREC, IDX64, 0, PF_AHEAD, PF_TILE, DYN, FIRST, TMA_STORE)
     _stamp(trace, slot + 3, nh, TRACE)
     if TRACE:
         tl.store(trace + 2 * (slot + 4), nh)
@@ -805,34 +809,6 @@ def _tile_offsets(pt, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, IDX64: tl.co
 
 
 @triton.jit
-def _prefold(S0, page, h, g, c, rs, q, window, R, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, A_ptr, s_ck_pg, s_ck_h,
-             s_xr_pg, s_xr_h, s_xr_r, s_Br_pg, s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, offs_p, offs_n,
-             BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD_SPLIT: tl.constexpr,
-             FOLD_PREC: tl.constexpr, IDX64: tl.constexpr):
-    """``PREFOLD``: head ``h``'s tile with the row's ``c`` history rows folded in, ``S1 = e^{AΛ} S0 + (X_h w)ᵀ B_h``
-    (fp32, the flush route's fold), from the checkpoint and the ring only; stored over the checkpoint when the row
-    flushes (``c + q > window``). The window is then read against ``S1`` as a row with no history whose ring starts
-    at ``rs + c``. Returns ``S1``."""
-    kk = tl.arange(0, BLOCK_K)
-    is_hist = kk < c
-    ring = _wrap(rs + kk, R)
-    if IDX64:
-        ring = ring.to(tl.int64)
-    X_h = tl.load(xr_ptr + page * s_xr_pg + h * s_xr_h + ring[:, None] * s_xr_r + offs_p[None, :],
-                  mask=is_hist[:, None], other=0.0)
-    dth = tl.load(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
-    B_h = tl.load(Br_ptr + page * s_Br_pg + g * s_Br_g + ring[:, None] * s_Br_r + offs_n[None, :],
-                  mask=is_hist[:, None], other=0.0).to(tl.float32)
-    A = tl.load(A_ptr + h).to(tl.float32)
-    XTw, hi, lo, carry = _fold_weights(tl.trans(X_h.to(tl.float32)), dth, A, FOLD_SPLIT)
-    S1 = _fold_tile(S0, XTw, hi, lo, carry, B_h, FOLD_SPLIT, FOLD_PREC)
-    if c + q > window:  # the TMA kernel's checkpoint is contiguous: the tile's rows are N apart
-        ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * BLOCK_N + offs_n[None, :]
-        tl.store(ck, S1.to(ck_ptr.dtype.element_ty))
-    return S1
-
-
-@triton.jit
 def _tma_program(
     pt, h0_32, nh, row, rt, trace, slot,
     P: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr, HEADS: tl.constexpr, HSTAGES: tl.constexpr,
@@ -842,7 +818,7 @@ def _tma_program(
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr, ROUTE: tl.constexpr, DYN: tl.constexpr,
     TRACE: tl.constexpr, EARLY: tl.constexpr, ROWCUR: tl.constexpr, BLOCK_KN: tl.constexpr,
-    KSPLIT: tl.constexpr, GDC: tl.constexpr, PREFOLD: tl.constexpr,
+    KSPLIT: tl.constexpr, GDC: tl.constexpr, TMA_STORE: tl.constexpr,
 ):
     """One program's work of the TMA verify kernel: row ``row``, P tile ``pt``, the ``HEADS`` heads of one group
     from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
@@ -851,9 +827,7 @@ def _tma_program(
     head count. ``ROWCUR``: the row's cursors come from the per-step row cursors (``rc``), loaded beside the page
     id, instead of from its page after it. ``KSPLIT``: non-flush rows take a ``BLOCK_KN``-row sequence tile
     (:func:`_tma_body`). ``GDC`` (``pdl=True``): 1 the program waits for the kernel before after its cursors and L2
-    prefetches, 2 also after its tile's TMA copy (EARLY 3), then lets the next kernel launch; 0 no wait.
-    ``PREFOLD`` (EARLY 3): the history is folded into the tile first (:func:`_prefold`, before that wait), and the
-    body reads only the window, on a tile of ``max(16, BLOCK_S)`` rows."""
+    prefetches, 2 also after its tile's TMA copy (EARLY 3), then lets the next kernel launch; 0 no wait."""
     (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
      dtb_ptr, z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
      s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t,
@@ -893,25 +867,13 @@ def _tma_program(
         # GDC (a programmatic dependent, pdl=True): the page id, cursors and the prefetches above went out while
         # the kernel before ran, and with GDC 2 (EARLY 3) the head's tile copy too; the step's inputs (x, B, C,
         # dt, z) only after that kernel has ended
-        TILE_IN: tl.constexpr = (GDC == 2 or PREFOLD) and EARLY == 3
+        TILE_IN: tl.constexpr = GDC == 2 and EARLY == 3
         if TILE_IN:
             S_in = ck_desc.load([ck_row0, 0])
         else:
             S_in = page  # unused
-        if PREFOLD:  # the fold needs the cursors now (without ROWCUR one round trip earlier than below)
-            if ROWCUR:
-                c_h = c_row
-                rs_h = rs_row
-            else:
-                c_h = tl.load(nc_ptr + page)
-                rs_h = tl.load(rs_ptr + page)
-            offs_p, offs_n = _tile_offsets(pt, BLOCK_P, BLOCK_N, IDX64)
-            S_in = _prefold(S_in, page, h0, g, c_h, rs_h, q, window, R, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, A_ptr,
-                            s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg, s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h,
-                            s_dtr_r, offs_p, offs_n, BLOCK_P, BLOCK_N, BLOCK_K, FOLD_SPLIT, FOLD_PREC, IDX64)
         if GDC:
             _pdl_wait()
-        # (computed here, after the wait, in every other build: the order the measured builds have)
         offs_p, offs_n = _tile_offsets(pt, BLOCK_P, BLOCK_N, IDX64)
         ss = tl.arange(0, BLOCK_S)
         ms = ss < q
@@ -920,10 +882,7 @@ def _tma_program(
             tw = tw.to(tl.int64)
         # what the heads share: C over the window, the cursors, the sequence's B rows and the Gram B·Cᵀ
         Cw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :], mask=ms[:, None], other=0.0)
-        if PREFOLD:
-            c = c_h
-            rs = rs_h
-        elif ROWCUR:
+        if ROWCUR:
             c = c_row
             rs = rs_row
         else:
@@ -932,29 +891,23 @@ def _tma_program(
         _stamp(trace, slot + 1, c + rs, TRACE)
         # KSPLIT: a non-flush row's sequence is at most W rows (c + q <= W), so its build takes a tile of BLOCK_KN
         # rows, not the ring's BLOCK_K: each route its own build (one launch for both routes: a branch on the route)
-        if PREFOLD:  # the history is in S_in: the window alone, as a row with no history whose ring starts at rs + c
-            BW: tl.constexpr = BLOCK_S if BLOCK_S > 16 else 16
-            _tma_body(page, h0, g, pt, nh, q, lo, 0, _wrap(rs + c, R), ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt,
-                      trace, slot, S_in, P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BW, BLOCK_S, HAS_D,
-                      HAS_DTB, HAS_Z, DT_SOFTPLUS, GRAM16, False, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_AHEAD,
-                      PF_TILE, ROUTE, DYN, TRACE, EARLY, 0, TILE_IN)
-        elif KSPLIT and ROUTE == 0 and BLOCK_KN < BLOCK_K:
+        if KSPLIT and ROUTE == 0 and BLOCK_KN < BLOCK_K:
             if c + q > window:
                 _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, trace, slot,
                           S_in, P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB,
                           HAS_Z, DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_AHEAD, PF_TILE,
-                          ROUTE, DYN, TRACE, EARLY, 1, TILE_IN)
+                          ROUTE, DYN, TRACE, EARLY, 1, TILE_IN, TMA_STORE)
             else:
                 _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, trace, slot,
                           S_in, P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_KN, BLOCK_S, HAS_D, HAS_DTB,
                           HAS_Z, DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_AHEAD, PF_TILE,
-                          ROUTE, DYN, TRACE, EARLY, 0, TILE_IN)
+                          ROUTE, DYN, TRACE, EARLY, 0, TILE_IN, TMA_STORE)
         else:  # one route's rows (SPLIT's non-flush launch: the short tile), or one build for both
             BK: tl.constexpr = BLOCK_KN if KSPLIT and ROUTE == 1 else BLOCK_K
             _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, trace, slot, S_in,
                       P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BK, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                       DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_AHEAD, PF_TILE, ROUTE,
-                      DYN, TRACE, EARLY, -1, TILE_IN)
+                      DYN, TRACE, EARLY, -1, TILE_IN, TMA_STORE)
 
 
 @triton.jit
@@ -985,7 +938,7 @@ def _verify_tma_kernel(
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
     ROUTE: tl.constexpr, PERSIST: tl.constexpr, BLOCK_ROWS: tl.constexpr, FLUSH_W: tl.constexpr,
     NONFLUSH_W: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr, ROWCUR: tl.constexpr,
-    BLOCK_KN: tl.constexpr, KSPLIT: tl.constexpr, GDC: tl.constexpr, PREFOLD: tl.constexpr,
+    BLOCK_KN: tl.constexpr, KSPLIT: tl.constexpr, GDC: tl.constexpr, TMA_STORE: tl.constexpr,
 ):
     # what every program passes on but the constants (a tuple's constants would lose their constexpr type)
     rt = (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
@@ -1004,7 +957,7 @@ def _verify_tma_kernel(
         _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt, trace, 2,
             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
             DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD,
-            PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC, PREFOLD)
+            PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC, TMA_STORE)
         segs = 1
     else:
         # a persistent grid over the route's rows (flush rows for ROUTE 2), ranked on the device: an empty route
@@ -1034,7 +987,7 @@ def _verify_tma_kernel(
                     2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                     P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                     DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                    PF_AHEAD, PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC, PREFOLD)
+                    PF_AHEAD, PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC, TMA_STORE)
                 segs += 1
                 k += tl.num_programs(0)
         else:  # PERSIST 2: each program streams an equal, contiguous share of the (row, P tile, head) items' cost,
@@ -1061,7 +1014,7 @@ def _verify_tma_kernel(
                             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB,
                             HAS_Z, DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X,
                             PF_B, PF_DT, PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY,
-                            ROWCUR, BLOCK_KN, KSPLIT, GDC, PREFOLD)
+                            ROWCUR, BLOCK_KN, KSPLIT, GDC, TMA_STORE)
                         segs += 1
                     x = tl.where(nh > 0, base + (j + nh) * w, base + per_row * w)  # past the segment, or the row
             else:  # one route's rows, every head of unit cost: route item x is head x % per_row of the route's
@@ -1080,7 +1033,7 @@ def _verify_tma_kernel(
                     _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                         P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                         DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                        PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC, PREFOLD)
+                        PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC, TMA_STORE)
                     segs += 1
                     x += nh
                     k = x // per_row
@@ -1293,8 +1246,12 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
             pipelined = tma_heads(H, G) == 16 and cfg["BLOCK_P"] * N * state_size == 32768
             if programs <= _num_sms(device):
                 # under one program per SM: latency-bound, the prefetches overlap the round trips; EARLY 3 (the
-                # gathers and the tile copy beside B's rows): 6.62 -> 5.75 us at batch 1 (session 11, run 2)
-                cfg.update(L2PF=2, EARLY=3, **({"KSPLIT": 1} if long_ring else {}))
+                # gathers and the tile copy beside B's rows): 6.62 -> 5.75 us at batch 1 (session 11, run 2). A flush
+                # row folds in 64-column chunks (two L2 re-reads, not four), which fit uncapped. Against FOLD_N 32 in
+                # one process (session 16, runs 2 / 3): W=16 flush 9.21 -> 8.97 / 9.18 -> 9.03 us, non-flush within
+                # 1 %; W=32 non-flush 6.29 -> 5.78 / 6.28 -> 5.76 (the same rows' code, built differently), flush
+                # 11.52 -> 11.15 / 11.42 -> 11.22. Whole tiles (FOLD_N 128) measured up to 14 % slower
+                cfg.update(L2PF=2, EARLY=3, FOLD_N=64, **({"KSPLIT": 1} if long_ring else {}))
             elif pipelined and programs >= 96 * _num_sms(device) and rows <= _STREAM_ROWS:
                 # batch >= 99 at H=128 (12,672 heads on 132 SMs): the route-split launches. Non-flush rows: 3
                 # persistent programs per SM (168 registers, one 32 KB tile buffer each) stream equal shares of the
@@ -1308,7 +1265,11 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                 # untimed.
                 # KSPLIT: the non-flush launch's sequence tile of pow2(W) rows, 1.6-1.8 % faster non-flush at batch
                 # 128-256 and W=16 (16 rows, not 32), 1.9x faster than the LDG kernel at W=32 (session 13, run 2)
-                cfg.update(SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1, KSPLIT=1)
+                # TMA_STORE (the flush launch's new checkpoint by one bulk store): flush rows 1.7-3 % faster at W=32
+                # (session 16, runs 2 / 3: batch 128 620.65 -> 605.20 / 610.88 -> 600.49 us, batch 256 1219.55 ->
+                # 1182.98 / 1201.07 -> 1164.95), 5-7 % slower at W=16 (380.07 -> 401.93, 737.10 -> 785.56)
+                cfg.update(SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1, KSPLIT=1,
+                           **({"TMA_STORE": 1} if long_ring else {}))
             elif pipelined and not long_ring and programs // 16 >= 15 * _num_sms(device):
                 # a group's heads in a 2-stage pipeline, uncapped (2 programs per SM), flush rows folded from
                 # the shared-memory tile in one product. Only for long grids: a flush row's program runs about
@@ -1439,10 +1400,9 @@ def replay_verify(
             SPLIT's non-flush launch), ``PDL_TILE`` (with ``pdl=True`` only: what of the checkpoint goes out before
             the wait: 0 nothing more than the config's prefetches, 1 the first tile into L2, 2 with EARLY=3 the
             tile's TMA copy itself; default with EARLY=3: 2 where the grid is at most one program per SM, 1 from
-            16 programs per SM; else 0), ``PREFOLD`` (1, with EARLY=3 and SPLIT=0: each program folds the row's
-            history into its tile from the checkpoint and ring alone, storing it on flush rows, before it reads the
-            window, then reads only the window against the folded tile: with ``pdl`` the fold runs before the wait;
-            not yet timed on the GPU), ``num_warps``, ``num_stages``, ``maxnreg`` (register cap, GPU only; at least
+            16 programs per SM; else 0), ``TMA_STORE`` (1: a flush row's new checkpoint leaves by one TMA bulk
+            store from shared memory instead of stores from registers, in launches that fold whole tiles: SPLIT's
+            flush launch, or ``FOLD_N`` >= N), ``num_warps``, ``num_stages``, ``maxnreg`` (register cap, GPU only; at least
             128, or 0, where the capped launch holds a sequence tile over 32 rows: a lower cap was measured to build
             a faulting kernel). Results agree to fp32/tf32 rounding across configs.
         trace: diagnostics, TMA kernel on the GPU only: (2, programs, 32, 2) int64, caller-owned. Launch ``j`` (0,
@@ -1582,13 +1542,14 @@ def replay_verify(
                            1 if early == 3 and programs >= 16 * sms else 0)
         if pdl_tile not in (0, 1, 2) or (pdl_tile == 2 and early != 3):
             raise ConfigError(f"config PDL_TILE must be 0, 1 or 2 (2 with EARLY=3), got {pdl_tile} with EARLY={early}")
-        prefold = cfg.get("PREFOLD", 0)
-        if prefold not in (0, 1) or (prefold and (early != 3 or SPLIT)):
-            raise ConfigError(f"config PREFOLD must be 0 or 1 (1 with EARLY=3 and SPLIT=0), got {prefold} with "
-                              f"EARLY={early}, SPLIT={SPLIT}")
         ksplit = cfg.get("KSPLIT", 0)
         if ksplit not in (0, 1):
             raise ConfigError(f"config KSPLIT must be 0 or 1, got {ksplit}")
+        tma_store = cfg.get("TMA_STORE", 0)
+        if tma_store not in (0, 1) or (tma_store and not SPLIT and
+                                       int(cfg.get("FOLD_N", 32 if _compiled(dev) else N)) < N):
+            raise ConfigError(f"config TMA_STORE must be 0 or 1 (1 where a launch folds whole tiles: SPLIT=1, or "
+                              f"FOLD_N >= N={N}), got {tma_store} with SPLIT={SPLIT}, FOLD_N={cfg.get('FOLD_N')}")
         cap = cfg.get("maxnreg") or 0  # an int (checked above) or absent
         if _pow2(R) > 32 and 0 < cap < _LONG_RING_MIN_REGS and not (SPLIT and ksplit):
             # the capped launch holds a 64-row sequence tile (the LDG kernel's twin check is below, in its branch):
@@ -1620,8 +1581,7 @@ def replay_verify(
                 # EARLY 3 loads one head's tile ahead: one head per program, not persistent (not SPLIT's flush launch)
                 NONFLUSH_W=4, PDL=pdl, TRACE=trace is not None, ROWCUR=row_cursors is not None,
                 EARLY=early if heads == 1 and not persist else min(early, 2),
-                BLOCK_KN=_pow2(min(window, R)), KSPLIT=ksplit, GDC=gdc,
-                PREFOLD=prefold if heads == 1 and not persist else 0,
+                BLOCK_KN=_pow2(min(window, R)), KSPLIT=ksplit, GDC=gdc, TMA_STORE=tma_store and fold_n >= N,
                 **launch_flags, **({"launch_pdl": True} if pdl == 2 or gdc else {}),
             )
 
@@ -1710,7 +1670,7 @@ def _l2_prefetch(level: int, tile_bytes: int, x_ring: Tensor, B_ring: Tensor, dt
 #: config keys :func:`replay_verify` accepts, and those that only the LDG / the TMA kernel reads
 _LDG_KEYS = frozenset({"HPP", "NC", "NS", "FUSE", "PREFETCH"})
 _TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES", "PFHEADS", "SPLIT", "SPLIT_HEADS", "STREAM", "PROGS",
-                       "FLUSH_W", "PDL", "EARLY", "KSPLIT", "PDL_TILE", "PREFOLD"})
+                       "FLUSH_W", "PDL", "EARLY", "KSPLIT", "PDL_TILE", "TMA_STORE"})
 #: most rows a STREAM launch ranks (its rank vector lives in registers: BLOCK_ROWS / 128 per thread)
 _STREAM_ROWS = 1024
 #: fewest registers a capped TMA launch may take when it holds a sequence tile over 32 rows (see replay_verify)
