@@ -17,6 +17,12 @@ For each batch and scenario (every row non-flush, every row flush, the steady-st
     Gram, ``heads`` to its last head, per head), ``segs``, ``busy`` (its start to its end) and ``tail`` (its end
     before the launch's last).
 
+With ``--chain 1`` (or ``2``) each call is a layer instead: our ``conv_update`` on the call's pages, then the traced
+verify reading x, B and C as views of the conv's output, as ``bench_layer_chain.py`` runs them; ``2`` launches both
+as programmatic dependents (``pdl=True``), so a verify program starts while the conv runs and its ``seg0_cursor``
+holds its wait for the conv. ``period`` is then a layer's time and ``after_cursor`` (per program: its cursors known,
+after the wait and the C rows' load, to its end) the part of the verify that follows the conv.
+
 Durations inside a program come from ``%clock64`` converted with the program's own ns per cycle (its
 ``%globaltimer`` span over its cycle span), cross-program times from ``%globaltimer``. A traced build is not the
 timed build (each stamp waits for its value): compare ``period`` with the untraced ``us`` to see what the
@@ -92,6 +98,7 @@ def launch_stats(tr: torch.Tensor) -> dict | None:
     first = k[:, 2] > 0  # programs that started a segment
     if bool(first.any()):
         out["lead"] = ((k[first, 2] - k[first, 1 if ranked else 0]) * rate).tolist()  # to the first segment's start
+        out["after_cursor"] = ((k[first, SLOTS - 1] - k[first, 3]) * rate).tolist()  # first cursors known to its end
     for s in range(SEGS):
         b = 2 + 5 * s
         has = (segs > s) & (k[:, b + 3] > 0) if s < SEGS - 1 else (segs >= SEGS) & (k[:, b + 3] > 0)
@@ -139,17 +146,38 @@ def run_point(pool, layout, b: int, scen: str, cs: list[int], cfg, args) -> dict
         for ids in sets:
             pool.nc[ids.long()] = torch.tensor(cs, dtype=torch.int32, device="cuda")
     x, dt, B, C, out = pool.x[:L], pool.dt[:L], pool.B[:L], pool.C[:L], pool.out[:L]
+    conv = None
+    if args.chain:  # a layer per call: the conv, then the verify reading its output (bench_layer_chain's layer)
+        from ssmstate.kernels import triton_conv as tcv
+
+        H, P, N, G = bv.H, bv.P, bv.N, bv.G
+        Dc, width = H * P + 2 * G * N, 3 + T
+        pages = pool.ck.shape[0]
+        gen = torch.Generator(device="cuda").manual_seed(b)
+        win = torch.randn(pages, Dc, width, device="cuda", dtype=torch.bfloat16, generator=gen)
+        shift = torch.zeros(pages, dtype=torch.int32, device="cuda")
+        xBC = torch.randn(L, Dc, device="cuda", dtype=torch.bfloat16, generator=gen)
+        cw = torch.randn(Dc, 4, device="cuda", generator=gen) * 0.3
+        cb = torch.randn(Dc, device="cuda", generator=gen) * 0.1
+        co = torch.empty(L, Dc, device="cuda", dtype=torch.bfloat16)
+        x = co[:, :H * P].view(L, H, P)
+        B, C = co[:, H * P:H * P + G * N].view(L, G, N), co[:, H * P + G * N:].view(L, G, N)
+        conv = lambda ids: tcv.conv_update(win, shift, xBC, cw, cb, ids, cu, co, pdl=args.chain == 2)  # noqa: E731
     progs = max(bv.H * (bv.P // 64) * b, 16 * args.sms)  # the one-head grid, or persistent launches' programs
     traces = torch.zeros(nsets, 2, progs, SLOTS, 2, dtype=torch.int64, device="cuda")
     launch_cfg, use_rc = bv.split_config(cfg, args.row_cursors)  # as bench_verify: row cursors by default
     rcs = [torch.stack((pool.rs[ids.long()], pool.nc[ids.long()])) if use_rc else None for ids in sets]
 
     def call(i, ids, traced):
-        return lambda: trk.replay_verify(pool.ck, pool.xr, pool.Br, pool.dtr, pool.rs, pool.nc, x, dt, pool.A, B, C,
-                                         ids, cu, W, out, D=pool.D, dt_bias=pool.dt_bias, config=launch_cfg,
-                                         trace=traces[i] if traced else None, row_cursors=rcs[i])
+        def run():
+            if conv is not None:
+                conv(ids)
+            trk.replay_verify(pool.ck, pool.xr, pool.Br, pool.dtr, pool.rs, pool.nc, x, dt, pool.A, B, C, ids, cu, W,
+                              out, D=pool.D, dt_bias=pool.dt_bias, config=launch_cfg,
+                              trace=traces[i] if traced else None, row_cursors=rcs[i], pdl=args.chain == 2)
+        return run
 
-    row = {"batch": b, "scenario": scen, "T": T, "W": W, "page_sets": nsets, "config": cfg,
+    row = {"batch": b, "scenario": scen, "T": T, "W": W, "page_sets": nsets, "config": cfg, "chain": args.chain,
            "heuristic": trk.verify_config(b, bv.H, bv.P, bv.N, R, T, torch.device("cuda"), bv.G)}
     row["us"] = bv.time_calls([call(i, ids, False) for i, ids in enumerate(sets)], args.reps)
     replay_graph([call(i, ids, True) for i, ids in enumerate(sets)])
@@ -183,6 +211,9 @@ def main() -> None:
                     help="JSON launch config (repeatable; default: heuristic); a ROW_CURSORS key as in bench_verify")
     ap.add_argument("--row-cursors", type=int, default=1, choices=(0, 1),
                     help="pass each row's cursors gathered per step (StepPlan.row_cursors; 1) or not (0)")
+    ap.add_argument("--chain", type=int, default=0, choices=(0, 1, 2),
+                    help="0 the verify alone; 1 each call a layer (our conv, then the verify on its output); 2 that "
+                         "layer with both launched as programmatic dependents (pdl)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("trace_verify.py needs a CUDA GPU")

@@ -50,6 +50,7 @@ def test_launch_stats_reads_each_phase():
     assert st["span"] == 1100 + 10_000 - 1000
     assert st["ramp"] == [0.0, 100.0] and st["tail"] == [100.0, 0.0] and st["busy"] == [10_000.0] * 2
     assert st["rank"] == [1000.0] * 2 and st["lead"] == [400.0] * 2
+    assert st["after_cursor"] == [8200.0] * 2  # the first segment's cursors (cycle 900) to the end (5000)
     assert st["seg0_cursor"] == [400.0] * 2 and st["seg0_gram"] == [600.0] * 2
     assert st["seg0_heads"] == [4800.0] * 2 and st["seg0_per_head"] == [1200.0] * 2 and st["seg0_nh"] == [4.0] * 2
     assert st["seg1_heads"] == [2400.0] * 2 and st["seg1_per_head"] == [1200.0] * 2
@@ -68,5 +69,5 @@ def test_launch_stats_of_a_launch_without_segments():
     _program(tr, 1, 1000, [], 1500, rank=300)
     st = tv.launch_stats(tr)
     assert st["rank"] == [600.0] * 2 and st["segs"] == [0.0] * 2
-    assert "lead" not in st and not any(key.startswith("seg0") for key in st)
+    assert "lead" not in st and "after_cursor" not in st and not any(key.startswith("seg0") for key in st)
     assert tv.launch_stats(torch.zeros(2, tv.SLOTS, 2, dtype=torch.int64)) is None  # nothing ran
