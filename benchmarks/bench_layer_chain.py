@@ -52,11 +52,33 @@ def log(*a):
     print(*a, flush=True)
 
 
+def conv_buffers(pages: int, tokens: int, T: int):
+    """Our conv's operands for a layer over ``pages`` pages and up to ``tokens`` window tokens (random, bf16
+    activations): ``(conv_window, conv_shift, xBC, weight, bias, conv_out)``."""
+    Dc = bv.H * bv.P + 2 * bv.G * bv.N
+    conv_win = torch.randn(pages, Dc, KW + T, device=bv.DEV, dtype=torch.bfloat16)
+    conv_shift = torch.zeros(pages, dtype=torch.int32, device=bv.DEV)
+    xBC = torch.randn(tokens, Dc, device=bv.DEV, dtype=torch.bfloat16)
+    cw = torch.randn(Dc, KW + 1, device=bv.DEV) * 0.3
+    cb = torch.randn(Dc, device=bv.DEV) * 0.1
+    conv_out = torch.empty(tokens, Dc, device=bv.DEV, dtype=torch.bfloat16)
+    return conv_win, conv_shift, xBC, cw, cb, conv_out
+
+
+def xbc_views(co):
+    """x (L, H, P), B and C (L, G, N): views of the conv's output ``co`` (L, conv dim), split as the model splits
+    it, so the verify reads what the conv wrote."""
+    H, P, N, G = bv.H, bv.P, bv.N, bv.G
+    L = co.shape[0]
+    return (co[:, : H * P].view(L, H, P), co[:, H * P: H * P + G * N].view(L, G, N),
+            co[:, H * P + G * N:].view(L, G, N))
+
+
 def bench(T: int, W: int, batches: list[int], fi, args, l2: int, pdl_configs: list[dict]) -> list[dict]:
     from ssmstate.kernels import triton_conv as tcv
     from ssmstate.kernels import triton_replay as trk
 
-    H, P, N, G, DEV = bv.H, bv.P, bv.N, bv.G, bv.DEV
+    H, P, N, G = bv.H, bv.P, bv.N, bv.G
     geom = Mamba2Geometry(num_heads=H, head_dim=P, state_size=N, n_groups=G, conv_kernel=KW + 1, num_layers=1,
                           state_dtype=torch.float32, act_dtype=torch.bfloat16)
     layout = PageLayout.replay(geom, SpecConfig(T - 1, window=W))
@@ -66,13 +88,7 @@ def bench(T: int, W: int, batches: list[int], fi, args, l2: int, pdl_configs: li
     sets_for = {b: max(2, math.ceil(4 * l2 / (b * page_bytes))) for b in batches}
     pages = 1 + max(sets_for[b] * b for b in batches)
     pool = bv.Pool(layout, pages, max(batches), seed=T * 100 + W)
-    conv_win = torch.randn(pages, Dc, width, device=DEV, dtype=torch.bfloat16)
-    conv_shift = torch.zeros(pages, dtype=torch.int32, device=DEV)
-    Lmax = max(batches) * T
-    xBC = torch.randn(Lmax, Dc, device=DEV, dtype=torch.bfloat16)
-    cw = torch.randn(Dc, KW + 1, device=DEV) * 0.3
-    cb = torch.randn(Dc, device=DEV) * 0.1
-    conv_out = torch.empty(Lmax, Dc, device=DEV, dtype=torch.bfloat16)
+    conv_win, conv_shift, xBC, cw, cb, conv_out = conv_buffers(pages, max(batches) * T, T)
     log(f"\n== T={T} W={W}: {pages} pages x {page_bytes / 2**20:.2f} MiB (with the conv window)")
     c_nf = min(W - T, W // 2)
     rows = []
@@ -81,9 +97,7 @@ def bench(T: int, W: int, batches: list[int], fi, args, l2: int, pdl_configs: li
         L = b * T
         cu, sets, rcs = pool.batch_sets(b, T, nsets)
         co = conv_out[:L]
-        x = co[:, : H * P].view(L, H, P)
-        Bv = co[:, H * P: H * P + G * N].view(L, G, N)
-        Cv = co[:, H * P + G * N:].view(L, G, N)
+        x, Bv, Cv = xbc_views(co)
         dt, out = pool.dt[:L], pool.out[:L]
         row = {"T": T, "W": W, "batch": b, "page_sets": nsets}
 

@@ -46,6 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+import bench_layer_chain as blc  # noqa: E402
 import bench_verify as bv  # noqa: E402
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig  # noqa: E402
 from ssmstate.kernels import triton_replay as trk  # noqa: E402
@@ -150,18 +151,8 @@ def run_point(pool, layout, b: int, scen: str, cs: list[int], cfg, args) -> dict
     if args.chain:  # a layer per call: the conv, then the verify reading its output (bench_layer_chain's layer)
         from ssmstate.kernels import triton_conv as tcv
 
-        H, P, N, G = bv.H, bv.P, bv.N, bv.G
-        Dc, width = H * P + 2 * G * N, 3 + T
-        pages = pool.ck.shape[0]
-        gen = torch.Generator(device="cuda").manual_seed(b)
-        win = torch.randn(pages, Dc, width, device="cuda", dtype=torch.bfloat16, generator=gen)
-        shift = torch.zeros(pages, dtype=torch.int32, device="cuda")
-        xBC = torch.randn(L, Dc, device="cuda", dtype=torch.bfloat16, generator=gen)
-        cw = torch.randn(Dc, 4, device="cuda", generator=gen) * 0.3
-        cb = torch.randn(Dc, device="cuda", generator=gen) * 0.1
-        co = torch.empty(L, Dc, device="cuda", dtype=torch.bfloat16)
-        x = co[:, :H * P].view(L, H, P)
-        B, C = co[:, H * P:H * P + G * N].view(L, G, N), co[:, H * P + G * N:].view(L, G, N)
+        win, shift, xBC, cw, cb, co = blc.conv_buffers(pool.ck.shape[0], L, T)
+        x, B, C = blc.xbc_views(co)
         conv = lambda ids: tcv.conv_update(win, shift, xBC, cw, cb, ids, cu, co, pdl=args.chain == 2)  # noqa: E731
     progs = max(bv.H * (bv.P // 64) * b, 16 * args.sms)  # the one-head grid, or persistent launches' programs
     traces = torch.zeros(nsets, 2, progs, SLOTS, 2, dtype=torch.int64, device="cuda")

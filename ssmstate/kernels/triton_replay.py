@@ -798,17 +798,6 @@ def _tma_body(
 
 
 @triton.jit
-def _tile_offsets(pt, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, IDX64: tl.constexpr):
-    """The head-dim rows of P tile ``pt`` and the state columns (int64 in the interpreter: ``IDX64``)."""
-    offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
-    if IDX64:
-        offs_p = offs_p.to(tl.int64)
-        offs_n = offs_n.to(tl.int64)
-    return offs_p, offs_n
-
-
-@triton.jit
 def _tma_program(
     pt, h0_32, nh, row, rt, trace, slot,
     P: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr, HEADS: tl.constexpr, HSTAGES: tl.constexpr,
@@ -874,11 +863,14 @@ def _tma_program(
             S_in = page  # unused
         if GDC:
             _pdl_wait()
-        offs_p, offs_n = _tile_offsets(pt, BLOCK_P, BLOCK_N, IDX64)
+        offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
+        offs_n = tl.arange(0, BLOCK_N)
         ss = tl.arange(0, BLOCK_S)
         ms = ss < q
         tw = lo + ss
         if IDX64:  # the interpreter checks every int32 vector op for overflow: int64 skips it
+            offs_p = offs_p.to(tl.int64)
+            offs_n = offs_n.to(tl.int64)
             tw = tw.to(tl.int64)
         # what the heads share: C over the window, the cursors, the sequence's B rows and the Gram B·Cᵀ
         Cw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :], mask=ms[:, None], other=0.0)
@@ -1438,6 +1430,7 @@ def replay_verify(
     dev = x.device
     if not isinstance(pdl, bool):
         raise ConfigError(f"pdl must be a bool, got {pdl!r}")
+    gdc_on = pdl and _compiled(dev)  # the launch waits for the kernel before (GPU only)
     if row_cursors is not None:
         check_row_cursors_shape(row_cursors, rows, dev)
     config = dict(config or {})
@@ -1526,7 +1519,6 @@ def replay_verify(
         pdl_on = bool(PDL) and _compiled(dev)
         # pdl: the first launch waits for the kernel before; SPLIT's flush launch starts only once every program
         # of the first is past that wait (PDL 1 lets it start then), so it needs none of its own
-        gdc_on = pdl and _compiled(dev)
         early = cfg.get("EARLY", 0)
         if early not in (0, 1, 2, 3) or (early == 3 and (HEADS != 1 or STREAM)):
             raise ConfigError(f"config EARLY must be 0, 1, 2 or 3 (3 with one head per program, no STREAM), got "
@@ -1622,7 +1614,6 @@ def replay_verify(
                           "(NC > 0)")
     BLOCK_P = cfg["BLOCK_P"]
     NPT = triton.cdiv(P, BLOCK_P)
-    gdc_on = pdl and _compiled(dev)
     _replay_verify_kernel[(H // HPP * NPT, rows)](
         checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, *step, window, R, P, N, *strides,
         S_CK_P=checkpoint.stride(2), NPT=NPT, HPG=HPG, HPP=HPP,
