@@ -625,6 +625,29 @@ def test_tma_store(route, state_dtype):
     assert all(torch.equal(before[k], case["state"][k]) for k in before) and bool((out == 7.0).all())
 
 
+@pytest.mark.parametrize("route", ["mixed"])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_tile_ldg(route, state_dtype):
+    """``TILE_LDG``: the one-head program's tile (``EARLY`` 3) by plain loads into registers instead of a TMA copy,
+    alone, in SPLIT's non-flush launch and whole-tile folds; outputs and state as the reference's. Without
+    ``EARLY`` 3, or any value but 0 or 1, the key is refused and nothing changes."""
+    gen = torch.Generator().manual_seed(23)
+    case = make_case(gen, "cpu", pages=9, H=8, G=2, P=32, N=32, W=12, T=4, rows=6, n_pad=2, route=route,
+                     state_dtype=state_dtype, act_dtype=torch.bfloat16)
+    want = run_verify(ref.replay_verify, case)
+    for cfg in ({"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3},
+                {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3, "FOLD_N": 32, "KSPLIT": 1},
+                {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3, "SPLIT": 1, "KSPLIT": 1}):
+        compare_verify(case, run_verify(trk.replay_verify, case, config={**cfg, "TILE_LDG": 1}), want,
+                       out_tol=TOL[torch.bfloat16], state_tol=TOL[state_dtype])
+    before = {k: v.clone() for k, v in case["state"].items()}
+    out = torch.full_like(case["x"], 7.0)
+    for bad in ({"KERNEL": "tma", "EARLY": 2, "TILE_LDG": 1}, {"KERNEL": "tma", "EARLY": 3, "TILE_LDG": 2}):
+        with pytest.raises(ConfigError, match="TILE_LDG must be"):
+            trk.replay_verify(*verify_args(case), out, config=bad)
+    assert all(torch.equal(before[k], case["state"][k]) for k in before) and bool((out == 7.0).all())
+
+
 @pytest.mark.parametrize("kernel", ["tma", "ldg", "tma-early"])
 def test_verify_never_reads_stale_ring_rows(kernel):
     """Ring rows outside a row's history hold inf (x, B) and 1e30 (dt): no output or state may see them."""

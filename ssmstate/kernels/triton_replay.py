@@ -530,6 +530,24 @@ def _replay_verify_kernel(
 
 
 @triton.jit
+def _after(v, dep):
+    """``v`` bit for bit, as a value the compiler cannot compute before ``dep`` (a scalar): an opaque zero from
+    ``dep`` ORed into every element. GPU only (inline PTX)."""
+    zero = tl.inline_asm_elementwise("mov.b32 $0, 0; // $1", "=r,r", [dep.to(tl.int32, bitcast=True)],
+                                     dtype=tl.int32, is_pure=True, pack=1)
+    return (v.to(tl.int32, bitcast=True) | zero).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tile_regs(ck_ptr, ck_row0, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The checkpoint tile at row ``ck_row0`` of the (pages * H * P, N) view by plain loads into registers
+    (``TILE_LDG``): unlike a TMA copy, which Triton waits for where it is issued, the loads are waited for at
+    their first use, so whatever the program computes before its readout overlaps their round trip."""
+    rows = ck_row0.to(tl.int64) + tl.arange(0, BLOCK_P)
+    return tl.load(ck_ptr + rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
+
+
+@triton.jit
 def _tma_gathers(h, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
                  s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p, is_hist,
                  is_new, is_seq, ms, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr):
@@ -592,6 +610,8 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
     F = tl.where(causal, Gm * dtp[:, None] * _decay(A, lam_w[None, :] - lam[:, None]), 0.0)
     if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
         F += tl.where(diag, Dh, 0.0)
+    if PRE_TILE == 2:  # TILE_LDG: the tile in registers reaches shared memory (or the product) only after the factors
+        S0 = _after(S0, tl.sum(tl.sum(F, axis=1), axis=0))
     # y_s = e^{A Λ_w} S0 C_s + Σ_k F[k, s] x_k: the readout from shared memory, then the sequence,
     # both products into one accumulator (the decays scale the readout's columns)
     if READ16:  # 16-bit checkpoint in C's dtype: exact products, decays on the accumulator
@@ -689,7 +709,7 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                 s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                 is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
                 zz_n, S_pre, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
-                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, HEADS > 1, FIRST == 2, TMA_STORE)
+                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, HEADS > 1, (FIRST - 1) if FIRST >= 2 else 0, TMA_STORE)
 
 
 @triton.jit
@@ -701,7 +721,7 @@ def _tma_body(
     GRAM16: tl.constexpr, READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr,
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr, ROUTE: tl.constexpr,
     DYN: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr, FMODE: tl.constexpr, TILE_IN: tl.constexpr,
-    TMA_STORE: tl.constexpr,
+    TMA_STORE: tl.constexpr, TILE_LDG: tl.constexpr,
 ):
     """:func:`_tma_program` once the row's cursors are known: the sequence of ``BLOCK_K`` rows (history, then the
     window), the shared B rows and Gram, then the heads. ``FMODE``: the row's route when the caller branched on it
@@ -739,7 +759,10 @@ def _tma_body(
     if TILE_IN:
         S_pre = S_in
     elif EARLY == 3:
-        S_pre = ck_desc.load([ck_row0, 0])
+        if TILE_LDG > 0:
+            S_pre = _tile_regs(ck_ptr, ck_row0, BLOCK_P, BLOCK_N)
+        else:
+            S_pre = ck_desc.load([ck_row0, 0])
     else:
         S_pre = B_raw  # unused: the heads load their own tiles
     if EARLY == 0:
@@ -763,7 +786,7 @@ def _tma_body(
     # its loop), else one call per route so each loop body holds only its own values: a static loop over the
     # modes compiled to a different build (200 more instructions, 255 registers), not the one measured
     # _tma_heads' FIRST: 0 it loads the first head's gathers itself, 1 they are ``first``, 2 also its tile (EARLY 3)
-    FIRST: tl.constexpr = (2 if EARLY == 3 else 1) if EARLY else 0
+    FIRST: tl.constexpr = ((3 if TILE_LDG == 2 else 2) if EARLY == 3 else 1) if EARLY else 0
     if FMODE >= 0:  # the caller branched on the route: this build holds that route only
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
@@ -807,7 +830,7 @@ def _tma_program(
     FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr,
     PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr, ROUTE: tl.constexpr, DYN: tl.constexpr,
     TRACE: tl.constexpr, EARLY: tl.constexpr, ROWCUR: tl.constexpr, BLOCK_KN: tl.constexpr,
-    KSPLIT: tl.constexpr, GDC: tl.constexpr, TMA_STORE: tl.constexpr,
+    KSPLIT: tl.constexpr, GDC: tl.constexpr, TMA_STORE: tl.constexpr, TILE_LDG: tl.constexpr,
 ):
     """One program's work of the TMA verify kernel: row ``row``, P tile ``pt``, the ``HEADS`` heads of one group
     from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
@@ -858,7 +881,10 @@ def _tma_program(
         # dt, z) only after that kernel has ended
         TILE_IN: tl.constexpr = GDC == 2 and EARLY == 3
         if TILE_IN:
-            S_in = ck_desc.load([ck_row0, 0])
+            if TILE_LDG > 0:
+                S_in = _tile_regs(ck_ptr, ck_row0, BLOCK_P, BLOCK_N)
+            else:
+                S_in = ck_desc.load([ck_row0, 0])
         else:
             S_in = page  # unused
         if GDC:
@@ -888,18 +914,18 @@ def _tma_program(
                 _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, trace, slot,
                           S_in, P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB,
                           HAS_Z, DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_AHEAD, PF_TILE,
-                          ROUTE, DYN, TRACE, EARLY, 1, TILE_IN, TMA_STORE)
+                          ROUTE, DYN, TRACE, EARLY, 1, TILE_IN, TMA_STORE, TILE_LDG)
             else:
                 _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, trace, slot,
                           S_in, P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_KN, BLOCK_S, HAS_D, HAS_DTB,
                           HAS_Z, DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_AHEAD, PF_TILE,
-                          ROUTE, DYN, TRACE, EARLY, 0, TILE_IN, TMA_STORE)
+                          ROUTE, DYN, TRACE, EARLY, 0, TILE_IN, TMA_STORE, TILE_LDG)
         else:  # one route's rows (SPLIT's non-flush launch: the short tile), or one build for both
             BK: tl.constexpr = BLOCK_KN if KSPLIT and ROUTE == 1 else BLOCK_K
             _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, trace, slot, S_in,
                       P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BK, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                       DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_AHEAD, PF_TILE, ROUTE,
-                      DYN, TRACE, EARLY, -1, TILE_IN, TMA_STORE)
+                      DYN, TRACE, EARLY, -1, TILE_IN, TMA_STORE, TILE_LDG)
 
 
 @triton.jit
@@ -931,6 +957,7 @@ def _verify_tma_kernel(
     ROUTE: tl.constexpr, PERSIST: tl.constexpr, BLOCK_ROWS: tl.constexpr, FLUSH_W: tl.constexpr,
     NONFLUSH_W: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr, ROWCUR: tl.constexpr,
     BLOCK_KN: tl.constexpr, KSPLIT: tl.constexpr, GDC: tl.constexpr, TMA_STORE: tl.constexpr,
+    TILE_LDG: tl.constexpr,
 ):
     # what every program passes on but the constants (a tuple's constants would lose their constexpr type)
     rt = (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
@@ -949,7 +976,7 @@ def _verify_tma_kernel(
         _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt, trace, 2,
             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
             DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD,
-            PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC, TMA_STORE)
+            PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC, TMA_STORE, TILE_LDG)
         segs = 1
     else:
         # a persistent grid over the route's rows (flush rows for ROUTE 2), ranked on the device: an empty route
@@ -979,7 +1006,7 @@ def _verify_tma_kernel(
                     2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                     P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                     DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                    PF_AHEAD, PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC, TMA_STORE)
+                    PF_AHEAD, PF_TILE, ROUTE, False, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC, TMA_STORE, TILE_LDG)
                 segs += 1
                 k += tl.num_programs(0)
         else:  # PERSIST 2: each program streams an equal, contiguous share of the (row, P tile, head) items' cost,
@@ -1006,7 +1033,7 @@ def _verify_tma_kernel(
                             P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB,
                             HAS_Z, DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X,
                             PF_B, PF_DT, PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY,
-                            ROWCUR, BLOCK_KN, KSPLIT, GDC, TMA_STORE)
+                            ROWCUR, BLOCK_KN, KSPLIT, GDC, TMA_STORE, TILE_LDG)
                         segs += 1
                     x = tl.where(nh > 0, base + (j + nh) * w, base + per_row * w)  # past the segment, or the row
             else:  # one route's rows, every head of unit cost: route item x is head x % per_row of the route's
@@ -1025,7 +1052,7 @@ def _verify_tma_kernel(
                     _tma_program(pt, h, nh, r, rt, trace, 2 + 5 * tl.minimum(segs, _TRACE_SEGS - 1),
                         P, NPT, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, HAS_D, HAS_DTB, HAS_Z,
                         DT_SOFTPLUS, GRAM16, READ16, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, PF_CK, PF_X, PF_B, PF_DT,
-                        PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC, TMA_STORE)
+                        PF_AHEAD, PF_TILE, ROUTE, True, TRACE, EARLY, ROWCUR, BLOCK_KN, KSPLIT, GDC, TMA_STORE, TILE_LDG)
                     segs += 1
                     x += nh
                     k = x // per_row
@@ -1392,7 +1419,8 @@ def replay_verify(
             SPLIT's non-flush launch), ``PDL_TILE`` (with ``pdl=True`` only: what of the checkpoint goes out before
             the wait: 0 nothing more than the config's prefetches, 1 the first tile into L2, 2 with EARLY=3 the
             tile's TMA copy itself; default with EARLY=3: 2 where the grid is at most one program per SM, 1 from
-            16 programs per SM; else 0), ``TMA_STORE`` (1: a flush row's new checkpoint leaves by one TMA bulk
+            16 programs per SM; else 0), ``TILE_LDG`` (1, with EARLY=3: that tile by plain loads into registers
+            instead of one TMA copy, so that the Gram and the factors overlap its round trip), ``TMA_STORE`` (1: a flush row's new checkpoint leaves by one TMA bulk
             store from shared memory instead of stores from registers, in launches that fold whole tiles: SPLIT's
             flush launch, or ``FOLD_N`` >= N), ``num_warps``, ``num_stages``, ``maxnreg`` (register cap, GPU only; at least
             128, or 0, where the capped launch holds a sequence tile over 32 rows: a lower cap was measured to build
@@ -1534,6 +1562,9 @@ def replay_verify(
                            1 if early == 3 and programs >= 16 * sms else 0)
         if pdl_tile not in (0, 1, 2) or (pdl_tile == 2 and early != 3):
             raise ConfigError(f"config PDL_TILE must be 0, 1 or 2 (2 with EARLY=3), got {pdl_tile} with EARLY={early}")
+        tile_ldg = cfg.get("TILE_LDG", 0)
+        if tile_ldg not in (0, 1) or (tile_ldg and early != 3):
+            raise ConfigError(f"config TILE_LDG must be 0 or 1 (1 with EARLY=3), got {tile_ldg} with EARLY={early}")
         ksplit = cfg.get("KSPLIT", 0)
         if ksplit not in (0, 1):
             raise ConfigError(f"config KSPLIT must be 0 or 1, got {ksplit}")
@@ -1574,6 +1605,8 @@ def replay_verify(
                 NONFLUSH_W=4, PDL=pdl, TRACE=trace is not None, ROWCUR=row_cursors is not None,
                 EARLY=early if heads == 1 and not persist else min(early, 2),
                 BLOCK_KN=_pow2(min(window, R)), KSPLIT=ksplit, GDC=gdc, TMA_STORE=tma_store and fold_n >= N,
+                # 2: the tile reaches shared memory only after the factors (inline PTX, GPU only)
+                TILE_LDG=(2 if _compiled(dev) else 1) if tile_ldg and heads == 1 and not persist else 0,
                 **launch_flags, **({"launch_pdl": True} if pdl == 2 or gdc else {}),
             )
 
@@ -1661,7 +1694,7 @@ def _l2_prefetch(level: int, tile_bytes: int, x_ring: Tensor, B_ring: Tensor, dt
 #: config keys :func:`replay_verify` accepts, and those that only the LDG / the TMA kernel reads
 _LDG_KEYS = frozenset({"HPP", "NC", "NS", "FUSE", "PREFETCH"})
 _TMA_KEYS = frozenset({"L2PF", "HEADS", "HSTAGES", "PFHEADS", "SPLIT", "SPLIT_HEADS", "STREAM", "PROGS",
-                       "FLUSH_W", "PDL", "EARLY", "KSPLIT", "PDL_TILE", "TMA_STORE"})
+                       "FLUSH_W", "PDL", "EARLY", "KSPLIT", "PDL_TILE", "TMA_STORE", "TILE_LDG"})
 #: most rows a STREAM launch ranks (its rank vector lives in registers: BLOCK_ROWS / 128 per thread)
 _STREAM_ROWS = 1024
 #: fewest registers a capped TMA launch may take when it holds a sequence tile over 32 rows (see replay_verify)
