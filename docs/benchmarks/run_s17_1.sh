@@ -1,13 +1,19 @@
 #!/bin/bash
-# Session 17, run 1 (ours only, no carry): route-split one-head launches at batch 8-64 (the non-flush build without
-# the flush route's code: 1,056 instructions, 80-86 registers, no spills, against 1,864 / 96 / 4 spill loads), two
-# heads per program with the second tile prefetched into L2; at batch 1 the tile by plain loads into registers
-# (TILE_LDG: the Gram and factors overlap its round trip; the readout takes it from registers), the tile's copy
-# after the Gram (EARLY 2) and the route split, standalone, in the PDL layer chain and traced there. T=4, W=16.
-set -o pipefail; export PYTHONUNBUFFERED=1; export PYTHONPATH=$PWD
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+# Session 17, run 1 (carries .whl): while FlashInfer's two JIT builds run, ours only: at batch 1 the tile by plain
+# loads into registers (TILE_LDG: the Gram and factors overlap its round trip; the readout takes it from registers),
+# the tile's copy after the Gram (EARLY 2) and the route split; at batch 8-64 route-split one-head launches (the
+# non-flush build without the flush route's code: 1,056 instructions, 80-86 registers, no spills, against 1,864 / 96
+# / 4 spill loads) and two heads per program with the second tile prefetched into L2. Then whatever beat the default
+# by >= 2 % non-flush against FlashInfer in one process (batch 1, 32, 64), and at batch 1 the layer chain with
+# TILE_LDG (PDL) and its trace. T=4, W=16.
+set -o pipefail; export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+export CUDA_HOME=$(dirname $(dirname $(readlink -f $(which nvcc)))); export FLASHINFER_CUDA_ARCH_LIST=9.0a
+python3 docs/benchmarks/s15_fi_warm.py 0 > $OUT/warm0.log 2>&1 &
+python3 docs/benchmarks/s15_fi_warm.py 1 > $OUT/warm1.log 2>&1 &
 timeout 120 python3 -m pytest -q tests/gpu/test_triton_gpu.py -k "TILE_LDG" 2>&1 | tail -2 | tee $OUT/gpu_tests.txt
-timeout 150 python3 benchmarks/bench_verify.py --no-flashinfer --batches 1 --configs 4:16 --reps 10 \
+timeout 120 python3 benchmarks/bench_verify.py --no-flashinfer --batches 1 --configs 4:16 --reps 10 \
   --sweep-configs '[{"L2PF":2,"EARLY":3,"FOLD_N":64,"TILE_LDG":1},
                     {"L2PF":0,"EARLY":3,"FOLD_N":64,"TILE_LDG":1},
                     {"L2PF":2,"EARLY":2,"FOLD_N":64},
@@ -15,17 +21,24 @@ timeout 150 python3 benchmarks/bench_verify.py --no-flashinfer --batches 1 --con
                     {"SPLIT":1,"PDL":1,"KSPLIT":1,"EARLY":3,"L2PF":2,"TILE_LDG":1}]' \
   --out $OUT/sweep_b1.json 2>&1 | grep '^  sweep\|Error' | tee $OUT/sweep_b1.log
 echo "b1 done $SECONDS s"
-timeout 100 python3 benchmarks/bench_layer_chain.py --no-flashinfer --batches 1 --reps 10 \
-  --pdl-configs '[{"TILE_LDG":1}, {"TILE_LDG":1,"L2PF":0}]' --out $OUT/chain_b1.json 2>&1 | grep -v '^  {"T"' \
-  | tail -8 | tee $OUT/chain_b1.log
-echo "chain done $SECONDS s"
-timeout 90 python3 benchmarks/trace_verify.py --batches 1 --scenarios nonflush --chain 2 --config '{"EARLY":3}' \
-  --config '{"TILE_LDG":1}' --out $OUT/trace_b1_chain2.json 2>&1 | grep -v "^  launch1" | tail -6 | tee $OUT/trace_b1.log
-echo "trace done $SECONDS s"
-timeout $((570 - SECONDS)) python3 benchmarks/bench_verify.py --no-flashinfer --batches 8,32,64 --configs 4:16 --reps 10 \
+timeout 200 python3 benchmarks/bench_verify.py --no-flashinfer --batches 8,32,64 --configs 4:16 --reps 10 \
   --sweep-configs '[{"SPLIT":1,"PDL":1,"KSPLIT":1,"EARLY":3,"maxnreg":96},
                     {"SPLIT":1,"PDL":1,"KSPLIT":1,"EARLY":3,"maxnreg":80},
                     {"SPLIT":1,"PDL":1,"KSPLIT":1,"EARLY":2,"HEADS":2,"HSTAGES":1,"PFHEADS":1,"maxnreg":96},
                     {"SPLIT":1,"PDL":1,"KSPLIT":1,"EARLY":2,"HEADS":2,"HSTAGES":1,"PFHEADS":1,"maxnreg":128}]' \
   --out $OUT/sweep_b8_64.json 2>&1 | grep '^  sweep\|Error' | tee $OUT/sweep_b8_64.log
+echo "b8-64 done $SECONDS s"
+WIN=$(python3 docs/benchmarks/s17_winners.py $OUT/sweep_b1.json $OUT/sweep_b8_64.json --min 2); echo "winners: $WIN"
+wait; echo "warm done $SECONDS s"; tail -n 1 $OUT/warm0.log $OUT/warm1.log
+timeout $((560 - SECONDS)) python3 benchmarks/bench_verify.py --out $OUT/verify.json --fi-configs 4:16 --configs 4:16 \
+  --batches 1,32,64 --reps 10 --sweep-configs "$WIN" 2>&1 | tee $OUT/verify.log \
+  | grep -v '^  {"T"\|autotuner\|AutoTuner' | tail -16
+echo "verify done $SECONDS s"
+timeout $((580 - SECONDS)) python3 benchmarks/bench_layer_chain.py --batches 1 --reps 10 \
+  --pdl-configs '[{"TILE_LDG":1}, {"TILE_LDG":1,"L2PF":0}]' --out $OUT/chain_b1.json 2>&1 | grep -v '^  {"T"' \
+  | tail -8 | tee $OUT/chain_b1.log
+echo "chain done $SECONDS s"
+timeout $((595 - SECONDS)) python3 benchmarks/trace_verify.py --batches 1 --scenarios nonflush --chain 2 \
+  --config '{"EARLY":3}' --config '{"TILE_LDG":1}' --out $OUT/trace_b1_chain2.json 2>&1 | grep -v "^  launch1" \
+  | tail -6 | tee $OUT/trace_b1.log
 echo "done $SECONDS s"
