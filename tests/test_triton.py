@@ -600,6 +600,21 @@ def test_tma_split_launch(route):
                        state_tol=TOL[torch.float32])
 
 
+def check_config_key(case, key, state_dtype, good, bad):
+    """Each ``good`` config with ``key`` set to 1 matches the reference (outputs and state); each ``bad`` config
+    is refused with a ConfigError naming ``key`` and leaves the state and the output buffer untouched."""
+    want = run_verify(ref.replay_verify, case)
+    for cfg in good:
+        compare_verify(case, run_verify(trk.replay_verify, case, config={**cfg, key: 1}), want,
+                       out_tol=TOL[torch.bfloat16], state_tol=TOL[state_dtype])
+    before = {k: v.clone() for k, v in case["state"].items()}
+    out = torch.full_like(case["x"], 7.0)
+    for cfg in bad:
+        with pytest.raises(ConfigError, match=f"{key} must be"):
+            trk.replay_verify(*verify_args(case), out, config=cfg)
+    assert all(torch.equal(before[k], case["state"][k]) for k in before) and bool((out == 7.0).all())
+
+
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("route", ["mixed", "flush"])
 def test_tma_store(route, state_dtype):
@@ -610,19 +625,13 @@ def test_tma_store(route, state_dtype):
     gen = torch.Generator().manual_seed(17)
     case = make_case(gen, "cpu", pages=9, H=8, G=2, P=32, N=32, W=12, T=4, rows=6, n_pad=2, route=route,
                      state_dtype=state_dtype, act_dtype=torch.bfloat16)
-    want = run_verify(ref.replay_verify, case)
-    for cfg in ({"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "SPLIT_HEADS": 2},
-                {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 3},
-                {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3, "FOLD_N": 32},
-                {"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 4, "HSTAGES": 2, "FOLD_N": 32}):
-        compare_verify(case, run_verify(trk.replay_verify, case, config={**cfg, "TMA_STORE": 1}), want,
-                       out_tol=TOL[torch.bfloat16], state_tol=TOL[state_dtype])
-    before = {k: v.clone() for k, v in case["state"].items()}
-    out = torch.full_like(case["x"], 7.0)
-    for bad in ({"KERNEL": "tma", "FOLD_N": 16, "TMA_STORE": 1}, {"KERNEL": "tma", "SPLIT": 1, "TMA_STORE": 2}):
-        with pytest.raises(ConfigError, match="TMA_STORE must be"):
-            trk.replay_verify(*verify_args(case), out, config=bad)
-    assert all(torch.equal(before[k], case["state"][k]) for k in before) and bool((out == 7.0).all())
+    check_config_key(case, "TMA_STORE", state_dtype,
+                     good=({"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "SPLIT_HEADS": 2},
+                           {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 3},
+                           {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3, "FOLD_N": 32},
+                           {"KERNEL": "tma", "BLOCK_P": 16, "HEADS": 4, "HSTAGES": 2, "FOLD_N": 32}),
+                     bad=({"KERNEL": "tma", "FOLD_N": 16, "TMA_STORE": 1},
+                          {"KERNEL": "tma", "SPLIT": 1, "TMA_STORE": 2}))
 
 
 @pytest.mark.parametrize("route", ["mixed"])
@@ -634,18 +643,11 @@ def test_tile_ldg(route, state_dtype):
     gen = torch.Generator().manual_seed(23)
     case = make_case(gen, "cpu", pages=9, H=8, G=2, P=32, N=32, W=12, T=4, rows=6, n_pad=2, route=route,
                      state_dtype=state_dtype, act_dtype=torch.bfloat16)
-    want = run_verify(ref.replay_verify, case)
-    for cfg in ({"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3},
-                {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3, "FOLD_N": 32, "KSPLIT": 1},
-                {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3, "SPLIT": 1, "KSPLIT": 1}):
-        compare_verify(case, run_verify(trk.replay_verify, case, config={**cfg, "TILE_LDG": 1}), want,
-                       out_tol=TOL[torch.bfloat16], state_tol=TOL[state_dtype])
-    before = {k: v.clone() for k, v in case["state"].items()}
-    out = torch.full_like(case["x"], 7.0)
-    for bad in ({"KERNEL": "tma", "EARLY": 2, "TILE_LDG": 1}, {"KERNEL": "tma", "EARLY": 3, "TILE_LDG": 2}):
-        with pytest.raises(ConfigError, match="TILE_LDG must be"):
-            trk.replay_verify(*verify_args(case), out, config=bad)
-    assert all(torch.equal(before[k], case["state"][k]) for k in before) and bool((out == 7.0).all())
+    check_config_key(case, "TILE_LDG", state_dtype,
+                     good=({"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3},
+                           {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3, "FOLD_N": 32, "KSPLIT": 1},
+                           {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3, "SPLIT": 1, "KSPLIT": 1}),
+                     bad=({"KERNEL": "tma", "EARLY": 2, "TILE_LDG": 1}, {"KERNEL": "tma", "EARLY": 3, "TILE_LDG": 2}))
 
 
 @pytest.mark.parametrize("kernel", ["tma", "ldg", "tma-early"])

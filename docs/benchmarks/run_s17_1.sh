@@ -6,12 +6,7 @@
 # / 4 spill loads) and two heads per program with the second tile prefetched into L2. Then whatever beat the default
 # by >= 2 % non-flush against FlashInfer in one process (batch 1, 32, 64), and at batch 1 the layer chain with
 # TILE_LDG (PDL) and its trace. T=4, W=16.
-set -o pipefail; export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export CUDA_HOME=$(dirname $(dirname $(readlink -f $(which nvcc)))); export FLASHINFER_CUDA_ARCH_LIST=9.0a
-python3 docs/benchmarks/s15_fi_warm.py 0 > $OUT/warm0.log 2>&1 &
-python3 docs/benchmarks/s15_fi_warm.py 1 > $OUT/warm1.log 2>&1 &
+source docs/benchmarks/fi_env.sh
 timeout 120 python3 -m pytest -q tests/gpu/test_triton_gpu.py -k "TILE_LDG" 2>&1 | tail -2 | tee $OUT/gpu_tests.txt
 timeout 120 python3 benchmarks/bench_verify.py --no-flashinfer --batches 1 --configs 4:16 --reps 10 \
   --sweep-configs '[{"L2PF":2,"EARLY":3,"FOLD_N":64,"TILE_LDG":1},

@@ -2,12 +2,7 @@
 # Session 17, run 2: this session's defaults against FlashInfer 0.7.2.post1 in one process: standalone (bench_verify,
 # T=4, W=16) and in the layer chain (bench_layer_chain, with and without PDL). FlashInfer's two JIT builds run side by
 # side while the GPU tests run. Carries .whl.
-set -o pipefail; export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export CUDA_HOME=$(dirname $(dirname $(readlink -f $(which nvcc)))); export FLASHINFER_CUDA_ARCH_LIST=9.0a
-python3 docs/benchmarks/s15_fi_warm.py 0 > $OUT/warm0.log 2>&1 &
-python3 docs/benchmarks/s15_fi_warm.py 1 > $OUT/warm1.log 2>&1 &
+source docs/benchmarks/fi_env.sh
 python3 -m pytest -q tests/gpu/test_triton_gpu.py \
   -k "cuda_graph or verify_nemotron or heuristic_routes or TILE_LDG or row_cursors or manager_schedule" 2>&1 \
   | tail -4 | tee $OUT/gpu_tests.txt; echo "tests done $SECONDS s"
