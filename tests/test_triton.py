@@ -108,10 +108,20 @@ def test_verify_group_configs(cfg, route, state_dtype, act_dtype, P, N):
                    state_tol=TOL[torch.float32] if state_dtype == torch.float32 else TOL[state_dtype])
 
 
+def assert_configs_refused(case, refusals, err=ConfigError):
+    """Each ``(config, match)`` in ``refusals`` makes ``replay_verify`` raise ``err`` matching ``match``, and none of
+    them changes the case's state or the output buffer."""
+    before = {k: v.clone() for k, v in case["state"].items()}
+    out = torch.full_like(case["x"], 7.0)
+    for cfg, match in refusals:
+        with pytest.raises(err, match=match):
+            trk.replay_verify(*verify_args(case), out, config=cfg)
+    assert all(torch.equal(before[k], case["state"][k]) for k in before) and bool((out == 7.0).all())
+
+
 def test_verify_rejects_bad_config():
     case = make_case(torch.Generator().manual_seed(0), "cpu", pages=4, H=2, G=1, P=16, N=16, W=8, T=2, rows=2, n_pad=0)
-    before = {k: v.clone() for k, v in case["state"].items()}
-    for bad, match in (({"READOUT": "dot"}, "unknown config keys"), ({"NC": 12}, "power of two"),
+    assert_configs_refused(case, (({"READOUT": "dot"}, "unknown config keys"), ({"NC": 12}, "power of two"),
                        ({"HPP": 3}, "HPP must divide"), ({"HPP": 0}, "HPP must divide"),
                        ({"L2PF": 3}, "L2PF must be 0, 1 or 2"), ({"HEADS": 3}, "HEADS must divide"),
                        ({"HEADS": 0}, "HEADS must divide"), ({"HSTAGES": 0}, "HSTAGES must be >= 1"),
@@ -124,10 +134,7 @@ def test_verify_rejects_bad_config():
                        ({"STREAM": 1, "PROGS": 0}, "PROGS must be >= 1"), ({"STREAM": 1, "FLUSH_W": 0}, "FLUSH_W"),
                        ({"PDL": 1}, "PDL must be 0 or 1"), ({"SPLIT": 1, "PDL": 2}, "PDL must be"),
                        ({"EARLY": 4}, "EARLY must be"), ({"HEADS": 2, "EARLY": 3}, "EARLY must be"),
-                       ({"SPLIT": 1, "STREAM": 1, "EARLY": 3}, "EARLY must be"), ({"KSPLIT": 2}, "KSPLIT must be")):
-        with pytest.raises(ConfigError, match=match):
-            trk.replay_verify(*verify_args(case), torch.empty_like(case["x"]), config=bad)
-    assert all(torch.equal(before[k], case["state"][k]) for k in before)
+                       ({"SPLIT": 1, "STREAM": 1, "EARLY": 3}, "EARLY must be"), ({"KSPLIT": 2}, "KSPLIT must be")))
 
 
 @pytest.mark.parametrize("route", ["flush", "nonflush"])
@@ -534,13 +541,9 @@ def test_tma_long_ring_register_cap():
     gen = torch.Generator().manual_seed(32)
     case = make_case(gen, "cpu", pages=6, H=4, G=2, P=16, N=32, W=32, T=4, rows=3, n_pad=1, route="mixed",
                      act_dtype=torch.bfloat16)
-    before = {k: v.clone() for k, v in case["state"].items()}
-    out = torch.full_like(case["x"], 7.0)
-    for bad in ({"KERNEL": "tma", "maxnreg": 104}, {"KERNEL": "tma", "maxnreg": 96, "EARLY": 3, "KSPLIT": 1},
-                {"KERNEL": "tma", "SPLIT": 1, "maxnreg": 120}):
-        with pytest.raises(ConfigError, match="maxnreg .* is below 128 on a ring of 36 rows"):
-            trk.replay_verify(*verify_args(case), out, config=bad)
-    assert all(torch.equal(before[k], case["state"][k]) for k in before) and bool((out == 7.0).all())
+    assert_configs_refused(case, ((bad, "maxnreg .* is below 128 on a ring of 36 rows") for bad in (
+        {"KERNEL": "tma", "maxnreg": 104}, {"KERNEL": "tma", "maxnreg": 96, "EARLY": 3, "KSPLIT": 1},
+        {"KERNEL": "tma", "SPLIT": 1, "maxnreg": 120})))
     want = run_verify(ref.replay_verify, case)
     for ok in ({"KERNEL": "tma", "maxnreg": 128, "EARLY": 3, "KSPLIT": 1}, {"KERNEL": "tma", "maxnreg": 0},
                {"KERNEL": "tma", "SPLIT": 1, "KSPLIT": 1, "maxnreg": 96}):
@@ -607,12 +610,7 @@ def check_config_key(case, key, state_dtype, good, bad):
     for cfg in good:
         compare_verify(case, run_verify(trk.replay_verify, case, config={**cfg, key: 1}), want,
                        out_tol=TOL[torch.bfloat16], state_tol=TOL[state_dtype])
-    before = {k: v.clone() for k, v in case["state"].items()}
-    out = torch.full_like(case["x"], 7.0)
-    for cfg in bad:
-        with pytest.raises(ConfigError, match=f"{key} must be"):
-            trk.replay_verify(*verify_args(case), out, config=cfg)
-    assert all(torch.equal(before[k], case["state"][k]) for k in before) and bool((out == 7.0).all())
+    assert_configs_refused(case, ((cfg, f"{key} must be") for cfg in bad))
 
 
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
@@ -675,15 +673,11 @@ def test_tma_kernel_rejects_what_it_cannot_run():
     """Clear errors, nothing touched: LDG-only keys with KERNEL='tma', an unsupported geometry, an unknown kernel."""
     case = make_case(torch.Generator().manual_seed(1), "cpu", pages=4, H=2, G=1, P=24, N=16, W=8, T=2, rows=2,
                      n_pad=0)
-    before = {k: v.clone() for k, v in case["state"].items()}
-    out = torch.full_like(case["x"], 7.0)
-    for bad, match in (({"KERNEL": "tma", "HPP": 1}, "LDG kernel only"), ({"KERNEL": "tma"}, "TMA verify kernel needs"),
-                       ({"KERNEL": "wgmma"}, "KERNEL must be"), ({"KERNEL": "ldg", "L2PF": 1}, "TMA kernel only"),
-                       ({"L2PF": 1}, "TMA kernel only")):
-        with pytest.raises(ValueError, match=match):
-            trk.replay_verify(*verify_args(case), out, config=bad)
-    assert all(torch.equal(before[k], case["state"][k]) for k in before)
-    assert bool((out == 7.0).all())
+    assert_configs_refused(case, (({"KERNEL": "tma", "HPP": 1}, "LDG kernel only"),
+                                  ({"KERNEL": "tma"}, "TMA verify kernel needs"),
+                                  ({"KERNEL": "wgmma"}, "KERNEL must be"),
+                                  ({"KERNEL": "ldg", "L2PF": 1}, "TMA kernel only"), ({"L2PF": 1}, "TMA kernel only")),
+                           err=ValueError)
 
 
 def test_verify_trace_needs_the_gpu_tma_kernel():

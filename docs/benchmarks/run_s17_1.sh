@@ -7,22 +7,7 @@
 # by >= 2 % non-flush against FlashInfer in one process (batch 1, 32, 64), and at batch 1 the layer chain with
 # TILE_LDG (PDL) and its trace. T=4, W=16.
 source docs/benchmarks/fi_env.sh
-timeout 120 python3 -m pytest -q tests/gpu/test_triton_gpu.py -k "TILE_LDG" 2>&1 | tail -2 | tee $OUT/gpu_tests.txt
-timeout 120 python3 benchmarks/bench_verify.py --no-flashinfer --batches 1 --configs 4:16 --reps 10 \
-  --sweep-configs '[{"L2PF":2,"EARLY":3,"FOLD_N":64,"TILE_LDG":1},
-                    {"L2PF":0,"EARLY":3,"FOLD_N":64,"TILE_LDG":1},
-                    {"L2PF":2,"EARLY":2,"FOLD_N":64},
-                    {"SPLIT":1,"PDL":1,"KSPLIT":1,"EARLY":3,"L2PF":2},
-                    {"SPLIT":1,"PDL":1,"KSPLIT":1,"EARLY":3,"L2PF":2,"TILE_LDG":1}]' \
-  --out $OUT/sweep_b1.json 2>&1 | grep '^  sweep\|Error' | tee $OUT/sweep_b1.log
-echo "b1 done $SECONDS s"
-timeout 200 python3 benchmarks/bench_verify.py --no-flashinfer --batches 8,32,64 --configs 4:16 --reps 10 \
-  --sweep-configs '[{"SPLIT":1,"PDL":1,"KSPLIT":1,"EARLY":3,"maxnreg":96},
-                    {"SPLIT":1,"PDL":1,"KSPLIT":1,"EARLY":3,"maxnreg":80},
-                    {"SPLIT":1,"PDL":1,"KSPLIT":1,"EARLY":2,"HEADS":2,"HSTAGES":1,"PFHEADS":1,"maxnreg":96},
-                    {"SPLIT":1,"PDL":1,"KSPLIT":1,"EARLY":2,"HEADS":2,"HSTAGES":1,"PFHEADS":1,"maxnreg":128}]' \
-  --out $OUT/sweep_b8_64.json 2>&1 | grep '^  sweep\|Error' | tee $OUT/sweep_b8_64.log
-echo "b8-64 done $SECONDS s"
+source docs/benchmarks/s17_sweeps.sh
 WIN=$(python3 docs/benchmarks/s17_winners.py $OUT/sweep_b1.json $OUT/sweep_b8_64.json --min 2); echo "winners: $WIN"
 wait; echo "warm done $SECONDS s"; tail -n 1 $OUT/warm0.log $OUT/warm1.log
 timeout $((560 - SECONDS)) python3 benchmarks/bench_verify.py --out $OUT/verify.json --fi-configs 4:16 --configs 4:16 \

@@ -3,9 +3,7 @@
 # tests of TILE_LDG, then run_s17_1.sh's sweeps at batch 1 and 8-64 against our default in one process, and at batch
 # 1 the PDL layer chain with TILE_LDG and its trace. T=4, W=16.
 set -o pipefail; export PYTHONUNBUFFERED=1
-timeout 120 python3 -m pytest -q tests/gpu/test_triton_gpu.py -k "TILE_LDG" 2>&1 | tail -2 | tee $OUT/gpu_tests.txt
-sed -n '/--batches 1 --configs/,/sweep_b1.log/p;/--batches 8,32,64/,/sweep_b8_64.log/p' docs/benchmarks/run_s17_1.sh \
-  > /tmp/sweeps.sh && bash /tmp/sweeps.sh; echo "sweeps done $SECONDS s"
+source docs/benchmarks/s17_sweeps.sh
 timeout 150 python3 benchmarks/bench_layer_chain.py --no-flashinfer --batches 1 --reps 10 \
   --pdl-configs '[{"TILE_LDG":1}, {"TILE_LDG":1,"L2PF":0}]' --out $OUT/chain_b1.json 2>&1 | grep -v '^  {"T"' \
   | tail -8 | tee $OUT/chain_b1.log
