@@ -10,7 +10,10 @@ the benchmark geometry (Nemotron-H layer: H=128, P=64, N=128, G=8, fp32 state, b
 the GPU heuristic in force, and compiled through Triton's own argument binder so the specialization
 (16-byte alignment, divisibility, constants) matches a real launch.
 
-Run: ``python benchmarks/kernel_resources.py --batch 256 --T 4 --W 16 [--config '{"BLOCK_P": 32}'] [--pdl]``; the
+``--allocs`` adds the build's shared-memory buffers (each ``ttg.local_alloc`` of its TTGIR: shape, element type and
+bytes), the operands that stay in shared memory next to the checkpoint tile.
+
+Run: ``python benchmarks/kernel_resources.py --batch 256 --T 4 --W 16 [--config '{"BLOCK_P": 32}'] [--pdl] [--allocs]``; the
 launch passes row cursors as the manager does (``StepPlan.row_cursors``) unless a config says ``"ROW_CURSORS": 0``.
 """
 
@@ -157,7 +160,24 @@ def wait_order(cubin: bytes) -> dict[str, int]:
             "tma_before_wait": before.count("UTMALDG"), "l2_prefetch_before_wait": before.count("UBLKPF")}
 
 
-def report(batch: int, T: int, W: int, config: dict | None, pdl: bool = False) -> list[dict]:
+_ELEM_BYTES = {"f32": 4, "i32": 4, "bf16": 2, "f16": 2, "i64": 8, "i8": 1}
+
+
+def shared_allocs(ttgir: str) -> list[dict]:
+    """The shared-memory buffers a build allocates (its TTGIR's ``ttg.local_alloc`` results), in program order.
+    Triton reuses the space of buffers whose lives do not overlap, and adds scratch for layout conversions, so
+    ``shared_bytes`` is at most their sum plus that scratch, not the sum itself."""
+    rows = []
+    for m in re.finditer(r"ttg\.local_alloc[^\n]*?-> !ttg\.memdesc<([0-9x]+)x([a-z]+[0-9]+),", ttgir):
+        dims, elem = [int(d) for d in m.group(1).split("x")], m.group(2)
+        n = 1
+        for d in dims:
+            n *= d
+        rows.append({"shape": "x".join(map(str, dims)), "dtype": elem, "bytes": n * _ELEM_BYTES.get(elem, 0)})
+    return rows
+
+
+def report(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, allocs: bool = False) -> list[dict]:
     """One row per kernel the launch runs."""
     rows = []
     for name, fn, (grid, args, kwargs) in capture(batch, T, W, config, pdl):
@@ -170,6 +190,8 @@ def report(batch: int, T: int, W: int, config: dict | None, pdl: bool = False) -
         row.update(resources(k.asm["cubin"]))
         row.update(sass_counts(k.asm["cubin"]))
         row.update(wait_order(k.asm["cubin"]))
+        if allocs:
+            row["shared_allocs"] = shared_allocs(k.asm["ttgir"])
         rows.append(row)
     return rows
 
@@ -181,12 +203,13 @@ def main() -> None:
     ap.add_argument("--W", type=int, default=16)
     ap.add_argument("--config", action="append", default=[], help="JSON launch config (repeatable)")
     ap.add_argument("--pdl", action="store_true", help="the launch replay_verify(pdl=True) makes")
+    ap.add_argument("--allocs", action="store_true", help="list the build's shared-memory buffers (TTGIR)")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     a = ap.parse_args()
     configs = [json.loads(c) for c in a.config] or [None]
     rows = []
     for cfg in configs:
-        for row in report(a.batch, a.T, a.W, cfg, a.pdl):
+        for row in report(a.batch, a.T, a.W, cfg, a.pdl, a.allocs):
             rows.append(row)
             print(json.dumps(row), flush=True)
     if a.out:

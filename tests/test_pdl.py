@@ -69,6 +69,17 @@ def test_pdl_build_waits_before_the_step_inputs(batch, W, config, prefetches):
             pdl[1]["triggers"] == 0
 
 
+@pytest.mark.skipif(not _HAVE_TOOLS, reason="Triton's ptxas / cuobjdump not installed")
+def test_kernel_resources_lists_shared_buffers():
+    """``--allocs``: the one-head launch's shared-memory buffers, read off its TTGIR. The checkpoint tile (64 x 128
+    fp32, 32 KB) is one of them, and the build's shared memory holds at least the largest."""
+    (row,) = _builds("--batch", "32", "--allocs")
+    allocs = row["shared_allocs"]
+    assert {"shape": "64x128", "dtype": "f32", "bytes": 32768} in allocs
+    assert all(a["bytes"] > 0 for a in allocs)
+    assert row["shared_bytes"] >= max(a["bytes"] for a in allocs)
+
+
 def test_layer_chain_benchmark_smoke(tmp_path):
     """``benchmarks/bench_layer_chain.py --cpu-smoke``: the whole script (conv and verify chains with and without
     pdl, a launch config swept in the PDL chain) under the interpreter at toy sizes, its JSON holding every chain

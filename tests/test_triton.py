@@ -218,6 +218,30 @@ def test_materialize_matches_reference(seed, PN, T):
     assert bool((b["checkpoint"][0] == 0).all())
 
 
+@pytest.mark.parametrize("kernel", ["tma", "ldg"])
+@pytest.mark.parametrize("state_dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_states(kernel, state_dtype):
+    """fp16 and bf16 checkpoints on both kernels: a mixed verify (both routes in one launch, the flush rows' folded
+    checkpoint rounded to the state dtype) and a materialize, against the reference on the same pages."""
+    gen = torch.Generator().manual_seed(2)  # two of the four rows flush
+    case = make_case(gen, "cpu", pages=7, H=4, G=2, P=16, N=32, W=10, T=3, rows=5, n_pad=1, route="mixed",
+                     state_dtype=state_dtype, act_dtype=torch.float16 if state_dtype == torch.float16 else
+                     torch.bfloat16)
+    flushes = [int(case["num_committed"][p]) + q > case["W"] for p, q in zip(case["page_ids"].tolist(), case["qs"]) if p]
+    assert any(flushes) and not all(flushes), "the case must hold both routes"
+    act = case["x"].dtype
+    got = run_verify(trk.replay_verify, case, config={"KERNEL": kernel})
+    compare_verify(case, got, run_verify(ref.replay_verify, case), out_tol=TOL[act], state_tol=TOL[state_dtype])
+    a = {k: v.clone() for k, v in case["state"].items()}
+    b = {k: v.clone() for k, v in case["state"].items()}
+    args = (case["ring_start"], case["num_committed"], case["A"], case["page_ids"])
+    ref.replay_materialize(a["checkpoint"], a["x_ring"], a["B_ring"], a["dt_ring"], *args)
+    trk.replay_materialize(b["checkpoint"], b["x_ring"], b["B_ring"], b["dt_ring"], *args)
+    assert b["checkpoint"].dtype == state_dtype
+    assert rel(b["checkpoint"], a["checkpoint"]) < TOL[state_dtype]
+    assert bool((b["checkpoint"][0] == 0).all())
+
+
 @settings(max_examples=20, **SETTINGS)
 @given(st.integers(0, 2**16), st.integers(2, 4), st.integers(1, 8), st.sampled_from([torch.float32, torch.bfloat16]),
        st.booleans(), st.sampled_from(["silu", None]))

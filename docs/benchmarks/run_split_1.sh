@@ -1,5 +1,5 @@
 #!/bin/bash
-# NEVER RUN: superseded in session 9 by run_stream_1.sh ... run_stream_4.sh (docs/performance.md section 11).
+# NEVER RUN: superseded in session 9 by run_stream_1.sh ... run_stream_4.sh (docs/performance_log.md section 11).
 # Branch session8-route-split, prepared in session 8 (not run yet): the route-split launch (config SPLIT=1: non-flush
 # rows in one launch under a register cap, flush rows in a persistent uncapped launch that ranks them on the device).
 # GPU tests of the split configs, then ours-only sweeps (T=4, W=16) against the default; then FlashInfer at batch 256

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Runs on branch session9-flush-stages (FLUSH_STAGES is not a config on main: it gained nothing, docs/performance.md section 11).
+# Runs on branch session9-flush-stages (FLUSH_STAGES is not a config on main: it gained nothing, docs/performance_log.md section 11).
 # Session 9, run 5 (ours only): the streamed flush launch in Triton's 2-stage pipeline (FLUSH_STAGES=2: two tile
 # buffers, the runtime head count as the loop bound) against the default (one buffer); T=4, W=16.
 set -o pipefail; export PYTHONUNBUFFERED=1

@@ -517,7 +517,7 @@ def _replay_verify_kernel(
 # first, then the history and window rows); the checkpoint tile arrives by one TMA copy into shared memory
 # and the readout's tensor-core product reads it there: on non-flush rows the tile never passes through
 # registers, which is what kept the LDG routes issue-bound. Triton waits for a single copy where it is
-# issued (docs/performance.md §7); in the pipelined loop it issues the next head's copy at the end of an
+# issued (docs/performance_log.md §7); in the pipelined loop it issues the next head's copy at the end of an
 # iteration, so the next head's gathers go out into registers at the top of the iteration instead (§10),
 # and an L2 prefetch (PF_AHEAD) starts the next tile's DRAM read there too. Optional L2 prefetches at the
 # program's start (PF_*) stream the first tile and the rings while the cursors come back; measured useful
@@ -1242,7 +1242,7 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     from the shared-memory tile (measured 10 % faster non-flush, 1.5-4.5 % mixed there
     at T=2-8; slower mixed on shorter grids, where the flush rows' longer programs leave a tail); only as
     measured: 16 heads per program, 32 KB tiles (``state_size`` bytes per checkpoint element). For the
-    LDG kernel, measured on the H200 (``docs/performance.md``): one head per program (``HPP`` 1) with the
+    LDG kernel, measured on the H200 (``docs/performance_log.md`` §6): one head per program (``HPP`` 1) with the
     registers capped at 80 (``maxnreg``: 6 programs per SM instead of 4-5) beat every multi-head
     program; once the grid has >= 16 programs per SM, streaming the checkpoint through a
     3-stage pipeline of 32-column chunks (``NC``/``NS``) beats loading the whole tile, which
@@ -1643,7 +1643,7 @@ def replay_verify(
         return out
     if _compiled(dev) and cfg.get("maxnreg") and NC == 0 and _pow2(R) > 32:
         raise ConfigError("config maxnreg with the whole-tile LDG kernel and a ring of more than 32 rows faulted on "
-                          "the H200 (misaligned address, docs/performance.md); drop maxnreg or stream the tile "
+                          "the H200 (misaligned address, docs/performance_log.md §15); drop maxnreg or stream the tile "
                           "(NC > 0)")
     BLOCK_P = cfg["BLOCK_P"]
     NPT = triton.cdiv(P, BLOCK_P)
