@@ -218,6 +218,10 @@ def test_materialize_matches_reference(seed, PN, T):
     assert bool((b["checkpoint"][0] == 0).all())
 
 
+def test_dram_bandwidth_unreported_off_the_gpu():
+    assert trk._dram_gbps_per_sm(torch.device("cpu")) == 0.0
+
+
 @pytest.mark.parametrize("kernel", ["tma", "ldg"])
 @pytest.mark.parametrize("state_dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_states(kernel, state_dtype):
@@ -462,6 +466,7 @@ def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
     kernel once W itself is over 32."""
     monkeypatch.setattr(trk, "_compiled", lambda device: True)
     monkeypatch.setattr(trk, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(trk, "_dram_gbps_per_sm", lambda device: 36.4)  # the H200: 4,800 GB/s over 132 SMs
     cuda = torch.device("cuda")
     small = trk.verify_config(1, 128, 64, 128, 20, 4, cuda, 8)
     assert small["KERNEL"] == "tma" and small["L2PF"] == 2 and "maxnreg" not in small and "HEADS" not in small
@@ -495,6 +500,36 @@ def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
         assert w32[0]["L2PF"] == 2 and w32[3]["STREAM"] == 2 and w32[3]["TMA_STORE"] == 1
         assert all(c["maxnreg"] == 128 and c["EARLY"] == 3 and "HEADS" not in c for c in (w32[1], w32[2], w32[4]))
     assert trk.verify_config(1, 128, 64, 128, 52, 4, cuda, 8)["KERNEL"] == "ldg"  # W = 48
+
+
+@pytest.mark.parametrize("gbps_per_sm", [25.4, 0.0])
+def test_tma_launch_heuristic_by_bandwidth_per_sm(monkeypatch, gbps_per_sm):
+    """As measured on the H100 80GB HBM3 (3,352 GB/s over 132 SMs: 25.4 per SM, under ``_LEAN_GBPS_PER_SM``): the
+    streamed launches run 2 programs per SM uncapped, and from 15 group programs per SM (batch 248 at H=128) the
+    pipelined launch takes over; batch 1-98 and W=32 as on the H200. A card that reports no bandwidth (0.0) gets
+    the H200's launches."""
+    monkeypatch.setattr(trk, "_compiled", lambda device: True)
+    monkeypatch.setattr(trk, "_num_sms", lambda device: 132)
+    cuda = torch.device("cuda")
+
+    def shapes(W: int = 16) -> dict[int, dict]:
+        return {rows: trk.verify_config(rows, 128, 64, 128, W + 4, 4, cuda, 8)
+                for rows in (1, 8, 64, 98, 99, 128, 247, 248, 256, 1024, 1025)}
+
+    monkeypatch.setattr(trk, "_dram_gbps_per_sm", lambda device: 36.4)
+    h200, h200_w32 = shapes(), shapes(32)
+    monkeypatch.setattr(trk, "_dram_gbps_per_sm", lambda device: gbps_per_sm)
+    got, got_w32 = shapes(), shapes(32)
+    assert got_w32 == h200_w32
+    if gbps_per_sm == 0.0:
+        assert got == h200
+        return
+    assert {rows: got[rows] for rows in (1, 8, 64, 98, 1025)} == {rows: h200[rows] for rows in (1, 8, 64, 98, 1025)}
+    base = {"KERNEL": "tma", "BLOCK_P": 64, "num_warps": 4, "num_stages": 1}
+    for rows in (99, 128, 247):
+        assert got[rows] == dict(base, FOLD_N=32, SPLIT=1, STREAM=2, PDL=1, PROGS=2, PFHEADS=1, KSPLIT=1), rows
+    for rows in (248, 256, 1024):
+        assert got[rows] == dict(base, FOLD_N=128, HEADS=16, HSTAGES=2, PFHEADS=1) == got[1025], rows
 
 
 def test_verify_config_with_a_launch_shape_drops_the_heuristic_shape(monkeypatch):

@@ -1173,6 +1173,27 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+#: peak DRAM GB/s per SM under which the big-batch TMA launches keep fewer bytes in flight per SM (verify_config):
+#: the H100 80GB HBM3 is under it (3,352 GB/s over 132 SMs: 25.4), the H200 over it (4,800 over 132: 36.4)
+_LEAN_GBPS_PER_SM = 30.0
+
+
+def _dram_gbps_per_sm(device: torch.device) -> float:
+    """Peak DRAM bandwidth per SM in GB/s, from the driver's memory clock and bus width; 0.0 where not reported."""
+    if device.type != "cuda":
+        return 0.0
+    return _dram_gbps_per_sm_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _dram_gbps_per_sm_of(index: int) -> float:
+    try:
+        props = triton.runtime.driver.active.utils.get_device_properties(index)
+        return props["mem_clock_rate"] * props["mem_bus_width"] * 2 / 8e6 / props["multiprocessor_count"]
+    except (AttributeError, KeyError, RuntimeError, TypeError, ZeroDivisionError):
+        return 0.0  # not reported: the launches measured on the H200
+
+
 def _pow2(n: int, floor: int = 16) -> int:
     return max(floor, triton.next_power_of_2(int(n)))
 
@@ -1236,7 +1257,10 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     noise at 64-256 non-flush, 2-5 % faster on flush rows); a grid of at least 96 heads per SM and at
     most ``_STREAM_ROWS`` rows (batch 99-1024 at H=128) takes the route-split launches (``SPLIT`` 1,
     ``STREAM`` 2, ``PDL`` 1: persistent programs streaming equal shares of each route's heads, the
-    non-flush launch at 3 programs per SM under a 168-register cap); longer grids with 15 programs per SM
+    non-flush launch at 3 programs per SM under a 168-register cap; on a card with under ``_LEAN_GBPS_PER_SM``
+    of peak DRAM bandwidth per SM, such as the H100 80GB HBM3, 2 per SM uncapped, and the pipelined launch below
+    from 15 of its programs per SM on: fewer bytes in flight per SM suffice there, measured faster on the H100 at
+    batch 128 and 256); longer grids with 15 programs per SM
     when each takes a group's 16 heads run those heads in a 2-stage pipeline, uncapped,
     the next head's tile prefetched into L2 (``PFHEADS`` 1: 6 % faster on flush rows), flush rows folded
     from the shared-memory tile (measured 10 % faster non-flush, 1.5-4.5 % mixed there
@@ -1263,6 +1287,9 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
             programs = rows * H * (P // cfg["BLOCK_P"])
             # the pipelined launch only as measured: 16 heads per program, 32 KB tiles (fp32, 64 x 128)
             pipelined = tma_heads(H, G) == 16 and cfg["BLOCK_P"] * N * state_size == 32768
+            # a card with less DRAM bandwidth per SM needs fewer bytes in flight per SM (below)
+            lean = not long_ring and 0.0 < _dram_gbps_per_sm(device) < _LEAN_GBPS_PER_SM
+            long_grid = programs // 16 >= 15 * _num_sms(device)
             if programs <= _num_sms(device):
                 # under one program per SM: latency-bound, the prefetches overlap the round trips; EARLY 3 (the
                 # gathers and the tile copy beside B's rows): 6.62 -> 5.75 us at batch 1 (session 11, run 2). A flush
@@ -1271,7 +1298,8 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                 # 1 %; W=32 non-flush 6.29 -> 5.78 / 6.28 -> 5.76 (the same rows' code, built differently), flush
                 # 11.52 -> 11.15 / 11.42 -> 11.22. Whole tiles (FOLD_N 128) measured up to 14 % slower
                 cfg.update(L2PF=2, EARLY=3, FOLD_N=64, **({"KSPLIT": 1} if long_ring else {}))
-            elif pipelined and programs >= 96 * _num_sms(device) and rows <= _STREAM_ROWS:
+            elif (pipelined and programs >= 96 * _num_sms(device) and rows <= _STREAM_ROWS
+                  and not (lean and long_grid)):
                 # batch >= 99 at H=128 (12,672 heads on 132 SMs): the route-split launches. Non-flush rows: 3
                 # persistent programs per SM (168 registers, one 32 KB tile buffer each) stream equal shares of the
                 # heads, the next head's tile prefetched into L2; flush rows: a second persistent launch, uncapped
@@ -1287,9 +1315,20 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                 # TMA_STORE (the flush launch's new checkpoint by one bulk store): flush rows 1.7-3 % faster at W=32
                 # (session 16, runs 2 / 3: batch 128 620.65 -> 605.20 / 610.88 -> 600.49 us, batch 256 1219.55 ->
                 # 1182.98 / 1201.07 -> 1164.95), 5-7 % slower at W=16 (380.07 -> 401.93, 737.10 -> 785.56)
-                cfg.update(SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1, KSPLIT=1,
-                           **({"TMA_STORE": 1} if long_ring else {}))
-            elif pipelined and not long_ring and programs // 16 >= 15 * _num_sms(device):
+                # Lean cards (H100 80GB HBM3, 3.01 TB/s copy; session 18, runs 3 / 4, T=4 W=16): 2 programs per SM,
+                # uncapped, measured faster at batch 128: 224.75 -> 217.37 / 224.53 -> 216.77 us non-flush, flush
+                # 477.27 -> 477.52 / 477.07 -> 475.59, mixed 270.67 -> 264.37 / 271.08 -> 263.58; the pipelined launch
+                # there was faster non-flush (214.15 / 214.07) but 4-5 % slower mixed (282.47 / 283.31)
+                if lean:
+                    cfg.update(SPLIT=1, STREAM=2, PDL=1, PROGS=2, PFHEADS=1, KSPLIT=1)
+                else:
+                    cfg.update(SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1, KSPLIT=1,
+                               **({"TMA_STORE": 1} if long_ring else {}))
+            elif pipelined and not long_ring and long_grid:
+                # lean cards from batch 248 (H=128) on, in place of the streamed launches (H100, session 18, runs 3 /
+                # 4, batch 256): non-flush 437.23 -> 416.68 / 439.50 -> 416.56 us, flush 934.22 -> 889.41 / 935.71 ->
+                # 889.48, mixed 549.56 -> 515.10 / 549.05 -> 515.38; the streamed launch at 2 programs per SM came
+                # between (421.08 / 420.17 non-flush, 537.06 / 536.58 mixed)
                 # a group's heads in a 2-stage pipeline, uncapped (2 programs per SM), flush rows folded from
                 # the shared-memory tile in one product. Only for long grids: a flush row's program runs about
                 # twice as long, and with fewer programs per SM that tail cost mixed batches more than the

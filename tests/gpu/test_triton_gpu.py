@@ -207,7 +207,7 @@ def test_verify_sweep_configs(cfg, T, W):
     compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 40, 160])
+@pytest.mark.parametrize("rows", [1, 40, 160, 256])
 @pytest.mark.parametrize("route,state_dtype", [("flush", torch.float32), ("nonflush", torch.float32),
                                                ("mixed", torch.bfloat16)])
 def test_verify_heuristic_routes(rows, route, state_dtype):
