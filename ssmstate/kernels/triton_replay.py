@@ -1190,8 +1190,8 @@ def _dram_gbps_per_sm_of(index: int) -> float:
     try:
         props = triton.runtime.driver.active.utils.get_device_properties(index)
         return props["mem_clock_rate"] * props["mem_bus_width"] * 2 / 8e6 / props["multiprocessor_count"]
-    except (AttributeError, KeyError, RuntimeError, TypeError, ZeroDivisionError):
-        return 0.0  # not reported: the launches measured on the H200
+    except Exception:  # advisory only: a driver that cannot say gets the launches measured on the H200
+        return 0.0
 
 
 def _pow2(n: int, floor: int = 16) -> int:
