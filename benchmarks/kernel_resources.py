@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -170,10 +171,7 @@ def shared_allocs(ttgir: str) -> list[dict]:
     rows = []
     for m in re.finditer(r"ttg\.local_alloc[^\n]*?-> !ttg\.memdesc<([0-9x]+)x([a-z]+[0-9]+),", ttgir):
         dims, elem = [int(d) for d in m.group(1).split("x")], m.group(2)
-        n = 1
-        for d in dims:
-            n *= d
-        rows.append({"shape": "x".join(map(str, dims)), "dtype": elem, "bytes": n * _ELEM_BYTES.get(elem, 0)})
+        rows.append({"shape": m.group(1), "dtype": elem, "bytes": math.prod(dims) * _ELEM_BYTES.get(elem, 0)})
     return rows
 
 

@@ -1287,10 +1287,13 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
             programs = rows * H * (P // cfg["BLOCK_P"])
             # the pipelined launch only as measured: 16 heads per program, 32 KB tiles (fp32, 64 x 128)
             pipelined = tma_heads(H, G) == 16 and cfg["BLOCK_P"] * N * state_size == 32768
-            # a card with less DRAM bandwidth per SM needs fewer bytes in flight per SM (below)
-            lean = not long_ring and 0.0 < _dram_gbps_per_sm(device) < _LEAN_GBPS_PER_SM
-            long_grid = programs // 16 >= 15 * _num_sms(device)
-            if programs <= _num_sms(device):
+            sms = _num_sms(device)
+            long_grid = programs // 16 >= 15 * sms
+            # a card with less DRAM bandwidth per SM needs fewer bytes in flight per SM (below); asked only where
+            # it matters, the streamed and pipelined grids
+            lean = (pipelined and not long_ring and programs >= 96 * sms
+                    and 0.0 < _dram_gbps_per_sm(device) < _LEAN_GBPS_PER_SM)
+            if programs <= sms:
                 # under one program per SM: latency-bound, the prefetches overlap the round trips; EARLY 3 (the
                 # gathers and the tile copy beside B's rows): 6.62 -> 5.75 us at batch 1 (session 11, run 2). A flush
                 # row folds in 64-column chunks (two L2 re-reads, not four), which fit uncapped. Against FOLD_N 32 in
@@ -1298,8 +1301,7 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                 # 1 %; W=32 non-flush 6.29 -> 5.78 / 6.28 -> 5.76 (the same rows' code, built differently), flush
                 # 11.52 -> 11.15 / 11.42 -> 11.22. Whole tiles (FOLD_N 128) measured up to 14 % slower
                 cfg.update(L2PF=2, EARLY=3, FOLD_N=64, **({"KSPLIT": 1} if long_ring else {}))
-            elif (pipelined and programs >= 96 * _num_sms(device) and rows <= _STREAM_ROWS
-                  and not (lean and long_grid)):
+            elif pipelined and programs >= 96 * sms and rows <= _STREAM_ROWS and not (lean and long_grid):
                 # batch >= 99 at H=128 (12,672 heads on 132 SMs): the route-split launches. Non-flush rows: 3
                 # persistent programs per SM (168 registers, one 32 KB tile buffer each) stream equal shares of the
                 # heads, the next head's tile prefetched into L2; flush rows: a second persistent launch, uncapped
@@ -1319,11 +1321,9 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                 # uncapped, measured faster at batch 128: 224.75 -> 217.37 / 224.53 -> 216.77 us non-flush, flush
                 # 477.27 -> 477.52 / 477.07 -> 475.59, mixed 270.67 -> 264.37 / 271.08 -> 263.58; the pipelined launch
                 # there was faster non-flush (214.15 / 214.07) but 4-5 % slower mixed (282.47 / 283.31)
-                if lean:
-                    cfg.update(SPLIT=1, STREAM=2, PDL=1, PROGS=2, PFHEADS=1, KSPLIT=1)
-                else:
-                    cfg.update(SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1, KSPLIT=1,
-                               **({"TMA_STORE": 1} if long_ring else {}))
+                cfg.update(SPLIT=1, STREAM=2, PDL=1, PFHEADS=1, KSPLIT=1,
+                           **({"PROGS": 2} if lean else {"PROGS": 3, "maxnreg": 168}),
+                           **({"TMA_STORE": 1} if long_ring else {}))
             elif pipelined and not long_ring and long_grid:
                 # lean cards from batch 248 (H=128) on, in place of the streamed launches (H100, session 18, runs 3 /
                 # 4, batch 256): non-flush 437.23 -> 416.68 / 439.50 -> 416.56 us, flush 934.22 -> 889.41 / 935.71 ->
