@@ -4,7 +4,7 @@ A verify launched as a programmatic dependent starts while the kernel before it 
 so what it reads before ``griddepcontrol.wait`` must not be that kernel's output, and it may let the next kernel
 launch (``griddepcontrol.launch_dependents``) only after that wait (else a kernel two launches on could start
 before the conv ends). These tests read the order off the SASS (``ACQBULK`` is the wait, ``PREEXIT`` the trigger)
-of the launches the GPU heuristic makes, built by ``benchmarks/kernel_resources.py`` in a subprocess (compiled
+of the launches the GPU heuristic makes, built by ``tools/kernel_resources.py`` in a subprocess (compiled
 mode: the interpreter tests set ``TRITON_INTERPRET`` in this process); skipped where Triton's ``ptxas`` and
 ``cuobjdump`` are missing. The chain benchmark runs end to end under the interpreter.
 """
@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _builds(*args: str) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "kernel_resources.py"), *args],
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "kernel_resources.py"), *args],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     return [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]

@@ -1,4 +1,4 @@
-"""benchmarks/trace_verify.py's analysis on a synthetic trace (the trace itself needs the GPU: tests/gpu)."""
+"""tools/trace_verify.py's analysis on a synthetic trace (the trace itself needs the GPU: tests/gpu)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _trace_verify():
-    spec = importlib.util.spec_from_file_location("trace_verify", ROOT / "benchmarks" / "trace_verify.py")
+    spec = importlib.util.spec_from_file_location("trace_verify", ROOT / "tools" / "trace_verify.py")
     mod = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(mod)

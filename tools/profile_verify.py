@@ -4,7 +4,7 @@ Same pool, geometry and scenarios as ``bench_verify.py`` (Nemotron-H layer, fp32
 Run under Nsight Compute on the device, e.g.::
 
     ncu --clock-control none --kernel-name regex:_verify --launch-skip 2 --launch-count 1 \\
-        --section SpeedOfLight --section WarpStateStats python3 benchmarks/profile_verify.py --batch 256
+        --section SpeedOfLight --section WarpStateStats python3 tools/profile_verify.py --batch 256
 
 ``--config`` takes a JSON launch override (as ``replay_verify``'s ``config``); ``--flush`` makes every
 row a flush row.
@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402

@@ -13,7 +13,7 @@ the GPU heuristic in force, and compiled through Triton's own argument binder so
 ``--allocs`` adds the build's shared-memory buffers (each ``ttg.local_alloc`` of its TTGIR: shape, element type and
 bytes), the operands that stay in shared memory next to the checkpoint tile.
 
-Run: ``python benchmarks/kernel_resources.py --batch 256 --T 4 --W 16 [--config '{"BLOCK_P": 32}'] [--pdl] [--allocs]``; the
+Run: ``python tools/kernel_resources.py --batch 256 --T 4 --W 16 [--config '{"BLOCK_P": 32}'] [--pdl] [--allocs]``; the
 launch passes row cursors as the manager does (``StepPlan.row_cursors``) unless a config says ``"ROW_CURSORS": 0``.
 """
 
@@ -29,7 +29,7 @@ import sys
 import tempfile
 from collections import Counter
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402

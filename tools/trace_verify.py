@@ -28,7 +28,7 @@ Durations inside a program come from ``%clock64`` converted with the program's o
 timed build (each stamp waits for its value): compare ``period`` with the untraced ``us`` to see what the
 stamps cost.
 
-Run (repo root, GPU): ``python benchmarks/trace_verify.py --batches 1,32,256 --out trace.json``.
+Run (repo root, GPU): ``python tools/trace_verify.py --batches 1,32,256 --out trace.json``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402

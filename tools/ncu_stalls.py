@@ -1,11 +1,12 @@
 """Summarize Nsight Compute's per-instruction warp-stall samples (the SASS source page, CSV) of one kernel.
 
 Input: ``ncu -i REPORT --page source --csv --print-source sass > src.csv`` of a report taken with
-``--set full`` (``docs/benchmarks/run_pf_3.sh``). Prints the share of every stall reason over all
+``--set full``, e.g. ``ncu --clock-control none --kernel-name regex:_verify --launch-skip 2 --launch-count 1
+--set full --import-source no -o REPORT python3 tools/profile_verify.py --batch 256``. Prints the share of every stall reason over all
 samples, then the instructions that hold at least ``--min`` percent of the samples, in address order,
 each with its execution count and its main reasons: where a program's warps wait, and on what.
 
-Run: ``python benchmarks/ncu_stalls.py src.csv [--min 0.3]``.
+Run: ``python tools/ncu_stalls.py src.csv [--min 0.3]``.
 """
 
 from __future__ import annotations
