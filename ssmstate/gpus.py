@@ -47,7 +47,7 @@ GPUS: dict[str, GpuMemory] = {
         GpuMemory("H100-80GB", 81559 * MiB, "nvidia-smi", _MODAL),
         GpuMemory("H100-NVL", 94 * 10**9, "datasheet", "NVIDIA H100 NVL datasheet: 94 GB HBM3"),
         GpuMemory("H200", 143771 * MiB, "nvidia-smi",
-                  "nvidia-smi memory.total (driver 580.159.04), recorded in docs/benchmarks/max_concurrency_h200.json"),
+                  "nvidia-smi memory.total (driver 580.159.04), recorded in docs/results/max_concurrency_h200.json"),
         GpuMemory("B200", 183359 * MiB, "nvidia-smi", "nvidia-smi output in NVIDIA/TensorRT-LLM#10278"),
         GpuMemory("GB200", 186 * 10**9, "datasheet",
                   "NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e over 72 GPUs (186 GB per GPU)"),
