@@ -9,7 +9,7 @@ padding rows on page 0, device-side commits, materialize, a CUDA-graph replay of
 a verify captured with fixed buffers, the native scheme through
 ``selective_state_update``, and the autotuner.
 
-GPU only; skipped as a whole module without CUDA or flashinfer. docs/gpu.md says
+GPU only; skipped as a whole module without CUDA or flashinfer. CONTRIBUTING.md says
 how to run it on an offline machine.
 """
 
