@@ -142,7 +142,7 @@ class PageLayout:
 
     @property
     def page_bytes(self) -> int:
-        """Bytes one page holds over all Mamba layers (DESIGN.md §Capacity, per page)."""
+        """Bytes one page holds over all Mamba layers (the page layout of docs/design.md, times the layers)."""
         return self.geometry.num_layers * self.layer_page_bytes
 
     @property

@@ -5,7 +5,7 @@ from prefix sums of dt. Every fast backend is tested against these functions,
 which share their signatures, and these are tested against a token-by-token
 serial oracle (``tests/oracle.py``).
 
-Conventions shared by every backend (see DESIGN.md):
+Conventions shared by every backend (docs/design.md has the layout, the math and the commit rule):
 
 * Tokens of all rows are packed: ``x`` is ``(tokens, H, P)`` and row ``r`` owns
   tokens ``cu_seqlens[r] : cu_seqlens[r + 1]``.
