@@ -59,9 +59,9 @@ H, P, N, G = 128, 64, 128, 8
 DEV = "cuda"
 SMOKE = False  # --cpu-smoke: the whole script on CPU under the Triton interpreter, toy sizes, timings meaningless
 ACCEPT_P = 0.7
-#: launch configurations tried by --sweep (docs/performance_log.md has how each did): the TMA kernel (checkpoint
+#: launch configurations tried by --sweep (docs/performance.md has the shapes measured slower): the TMA kernel (checkpoint
 #: tile by one TMA copy into shared memory) with and without its register cap and with wider fold chunks, and
-#: the best LDG-kernel launches of earlier runs (tile streamed in NC-column chunks over NS stages, or whole)
+#: the best LDG-kernel launches (tile streamed in NC-column chunks over NS stages, or whole)
 SWEEP = [
     {"KERNEL": "tma", "FOLD_N": 32, "maxnreg": 96},
     {"KERNEL": "tma", "FOLD_N": 32},

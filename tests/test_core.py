@@ -94,7 +94,9 @@ def test_layout_formulas(preset, K):
 
 
 def test_vllm_native_page_matches_published_number():
-    # vllm_integration.md §6: Nemotron-H-8B native page at K=3 is 4,317,184 bytes per layer.
+    # vLLM 0.33.0's native Mamba page for Nemotron-H-8B at K=3: 128*64*128*4 (fp32 state) + 10240*6*2 (bf16 conv
+    # window, 3 + K columns) = 4,317,184 bytes per layer (docs/capacity.md, "By hand"; tests/test_planner.py checks
+    # layer_page_bytes against vLLM's own MambaSpec).
     g = Mamba2Geometry.from_pretrained("nemotron-h-8b")
     assert PageLayout.native(g, SpecConfig(3)).layer_page_bytes == 4_317_184
     ratio = PageLayout.native(g, SpecConfig(3)).bytes_per_request / PageLayout.replay(g, SpecConfig(3)).bytes_per_request

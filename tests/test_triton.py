@@ -510,7 +510,7 @@ def test_tma_launch_heuristic_on_the_gpu(monkeypatch):
 @pytest.mark.parametrize("gbps_per_sm", [25.4, 0.0])
 def test_tma_launch_heuristic_by_bandwidth_per_sm(monkeypatch, gbps_per_sm):
     """As measured on the H100 80GB HBM3 (3,352 GB/s over 132 SMs: 25.4 per SM, under ``_LEAN_GBPS_PER_SM``): the
-    streamed launches run 2 programs per SM uncapped, and from 15 group programs per SM (batch 248 at H=128) the
+    streamed launches use 2 programs per SM uncapped, and from 15 group programs per SM (batch 248 at H=128) the
     pipelined launch takes over; batch 1-98 and W=32 as on the H200. A card that reports no bandwidth (0.0) gets
     the H200's launches."""
     monkeypatch.setattr(trk, "_compiled", lambda device: True)
@@ -600,7 +600,7 @@ def test_tma_ksplit(W, T, route):
 
 def test_tma_long_ring_register_cap():
     """A capped launch holding a sequence tile over 32 rows takes at least 128 registers (ptxas built a faulting
-    kernel at 104, session 14): a lower cap is a ConfigError that changes nothing; 128, 0, a short ring and SPLIT's
+    kernel at 104 on the H200): a lower cap is a ConfigError that changes nothing; 128, 0, a short ring and SPLIT's
     short-tile non-flush launch (KSPLIT) are accepted and agree with the reference."""
     gen = torch.Generator().manual_seed(32)
     case = make_case(gen, "cpu", pages=6, H=4, G=2, P=16, N=32, W=32, T=4, rows=3, n_pad=1, route="mixed",

@@ -46,7 +46,7 @@ class TritonBackend:
             A layer's conv then waits for the kernel before it and lets its verify launch at once; the verify
             reads its page ids, cursors and first checkpoint tile while the conv runs and the conv's outputs
             after it ends. The launch latency and the state's first DRAM round trip leave the critical path
-            (``docs/performance_log.md`` §16 has what that buys). Results are bit-identical. The one rule: the kernel
+            (``docs/performance.md`` has what that buys in a layer). Results are bit-identical. The one rule: the kernel
             issued right before ``manager.verify(layer)`` must not write that layer's checkpoint or rings, the
             cursors or the plan's buffers (``manager.conv`` of the layer, which writes only the conv window, or
             any of the caller's kernels, qualifies; a ``commit``, ``materialize`` or another verify of the same

@@ -517,16 +517,16 @@ def _replay_verify_kernel(
 # first, then the history and window rows); the checkpoint tile arrives by one TMA copy into shared memory
 # and the readout's tensor-core product reads it there: on non-flush rows the tile never passes through
 # registers, which is what kept the LDG routes issue-bound. Triton waits for a single copy where it is
-# issued (docs/performance_log.md §7); in the pipelined loop it issues the next head's copy at the end of an
-# iteration, so the next head's gathers go out into registers at the top of the iteration instead (§10),
+# issued; in the pipelined loop it issues the next head's copy at the end of an
+# iteration, so the next head's gathers go out into registers at the top of the iteration instead,
 # and an L2 prefetch (PF_AHEAD) starts the next tile's DRAM read there too. Optional L2 prefetches at the
 # program's start (PF_*) stream the first tile and the rings while the cursors come back; measured useful
-# only for grids under one program per SM (§8).
+# only for grids under one program per SM (on the H200).
 # Persistent launches (PERSIST, _verify_tma_kernel) run the same per-row work (_tma_program) over a route's
 # rows ranked on the device: round-robin (row, head block) items, or (STREAM) an equal contiguous share of
-# the heads per program, walked one group's heads at a time in a loop with a runtime count (§11). SPLIT runs
+# the heads per program, walked one group's heads at a time in a loop with a runtime count. SPLIT runs
 # the two routes as two launches, each built for its own register budget; PDL lets the second start while
-# the first drains. TRACE (replay_verify's ``trace``) stamps each program's phases with the GPU's timers (§12).
+# the first drains. TRACE (replay_verify's ``trace``) stamps each program's phases with the GPU's timers.
 
 
 @triton.jit
@@ -1266,7 +1266,7 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     from the shared-memory tile (measured 10 % faster non-flush, 1.5-4.5 % mixed there
     at T=2-8; slower mixed on shorter grids, where the flush rows' longer programs leave a tail); only as
     measured: 16 heads per program, 32 KB tiles (``state_size`` bytes per checkpoint element). For the
-    LDG kernel, measured on the H200 (``docs/performance_log.md`` §6): one head per program (``HPP`` 1) with the
+    LDG kernel, measured on the H200: one head per program (``HPP`` 1) with the
     registers capped at 80 (``maxnreg``: 6 programs per SM instead of 4-5) beat every multi-head
     program; once the grid has >= 16 programs per SM, streaming the checkpoint through a
     3-stage pipeline of 32-column chunks (``NC``/``NS``) beats loading the whole tile, which
@@ -1276,7 +1276,7 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     block_tma = tma_block_p(P, N, device)
     # the TMA kernel's sequence tiles on the GPU: pow2(R) rows for flush rows, pow2(W) (W = R - T) for non-flush
     # rows with KSPLIT; a 64-row tile for every row measured slower than the LDG kernel, one for flush rows only
-    # (KSPLIT: W = 32, R = 36) 1.6-1.9x faster than it (session 13, run 2)
+    # (KSPLIT: W = 32, R = 36) 1.6-1.9x faster than it (H200)
     long_ring = _pow2(R) > 32
     seq_ok = _pow2(R - T) <= 32
     if kernel is None:
@@ -1295,9 +1295,9 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                     and 0.0 < _dram_gbps_per_sm(device) < _LEAN_GBPS_PER_SM)
             if programs <= sms:
                 # under one program per SM: latency-bound, the prefetches overlap the round trips; EARLY 3 (the
-                # gathers and the tile copy beside B's rows): 6.62 -> 5.75 us at batch 1 (session 11, run 2). A flush
+                # gathers and the tile copy beside B's rows): 6.62 -> 5.75 us at batch 1 (H200). A flush
                 # row folds in 64-column chunks (two L2 re-reads, not four), which fit uncapped. Against FOLD_N 32 in
-                # one process (session 16, runs 2 / 3): W=16 flush 9.21 -> 8.97 / 9.18 -> 9.03 us, non-flush within
+                # one process (H200, two runs): W=16 flush 9.21 -> 8.97 / 9.18 -> 9.03 us, non-flush within
                 # 1 %; W=32 non-flush 6.29 -> 5.78 / 6.28 -> 5.76 (the same rows' code, built differently), flush
                 # 11.52 -> 11.15 / 11.42 -> 11.22. Whole tiles (FOLD_N 128) measured up to 14 % slower
                 cfg.update(L2PF=2, EARLY=3, FOLD_N=64, **({"KSPLIT": 1} if long_ring else {}))
@@ -1307,17 +1307,17 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                 # heads, the next head's tile prefetched into L2; flush rows: a second persistent launch, uncapped
                 # (the whole-tile fold), started early (PDL) to fill the first one's tail. Measured against the
                 # pipelined launch below at batch 256: 9 % faster non-flush, 4-5 % faster mixed; against the one-head
-                # launch at 64-128: 9-16 % faster non-flush, equal to 6 % faster mixed (session 9, runs 1-3). At
+                # launch at 64-128: 9-16 % faster non-flush, equal to 6 % faster mixed (H200). At
                 # batch 32 it was 6 % slower mixed, at 8 slower throughout. At 64 the one-head launch below is as fast
-                # non-flush and flush and 4-5 % faster mixed (sessions 11 and 12, with row cursors: 90.24 / 198.19 /
+                # non-flush and flush and 4-5 % faster mixed (H200, with row cursors: 90.24 / 198.19 /
                 # 115.49 us against 89.52 / 197.05 / 121.66), at 128 6-8 % slower non-flush: the switch sits between,
                 # untimed.
                 # KSPLIT: the non-flush launch's sequence tile of pow2(W) rows, 1.6-1.8 % faster non-flush at batch
-                # 128-256 and W=16 (16 rows, not 32), 1.9x faster than the LDG kernel at W=32 (session 13, run 2)
+                # 128-256 and W=16 (16 rows, not 32), 1.9x faster than the LDG kernel at W=32 (H200)
                 # TMA_STORE (the flush launch's new checkpoint by one bulk store): flush rows 1.7-3 % faster at W=32
-                # (session 16, runs 2 / 3: batch 128 620.65 -> 605.20 / 610.88 -> 600.49 us, batch 256 1219.55 ->
+                # (H200, two runs: batch 128 620.65 -> 605.20 / 610.88 -> 600.49 us, batch 256 1219.55 ->
                 # 1182.98 / 1201.07 -> 1164.95), 5-7 % slower at W=16 (380.07 -> 401.93, 737.10 -> 785.56)
-                # Lean cards (H100 80GB HBM3, 3.01 TB/s copy; session 18, runs 3 / 4, T=4 W=16): 2 programs per SM,
+                # Lean cards (H100 80GB HBM3, 3.01 TB/s copy; two runs, T=4 W=16): 2 programs per SM,
                 # uncapped, measured faster at batch 128: 224.75 -> 217.37 / 224.53 -> 216.77 us non-flush, flush
                 # 477.27 -> 477.52 / 477.07 -> 475.59, mixed 270.67 -> 264.37 / 271.08 -> 263.58; the pipelined launch
                 # there was faster non-flush (214.15 / 214.07) but 4-5 % slower mixed (282.47 / 283.31)
@@ -1325,8 +1325,8 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                            **({"PROGS": 2} if lean else {"PROGS": 3, "maxnreg": 168}),
                            **({"TMA_STORE": 1} if long_ring else {}))
             elif pipelined and not long_ring and long_grid:
-                # lean cards from batch 248 (H=128) on, in place of the streamed launches (H100, session 18, runs 3 /
-                # 4, batch 256): non-flush 437.23 -> 416.68 / 439.50 -> 416.56 us, flush 934.22 -> 889.41 / 935.71 ->
+                # lean cards from batch 248 (H=128) on, in place of the streamed launches (H100, two runs,
+                # batch 256): non-flush 437.23 -> 416.68 / 439.50 -> 416.56 us, flush 934.22 -> 889.41 / 935.71 ->
                 # 889.48, mixed 549.56 -> 515.10 / 549.05 -> 515.38; the streamed launch at 2 programs per SM came
                 # between (421.08 / 420.17 non-flush, 537.06 / 536.58 mixed)
                 # a group's heads in a 2-stage pipeline, uncapped (2 programs per SM), flush rows folded from
@@ -1335,11 +1335,11 @@ def verify_config(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
                 # pipeline gains (measured at T=4: 4.5 % faster mixed at batch 256, 10-23 % slower at 32-128).
                 # Each iteration also asks L2 for the next head's tile (PFHEADS=1), whose TMA copy the pipeliner
                 # issues only at the iteration's end: 6 % faster on flush rows, the same on the others; 2 or
-                # more heads ahead measured slower (session 8, runs 1 and 4-7)
+                # more heads ahead measured slower (H200)
                 cfg.update(HEADS=16, HSTAGES=2, FOLD_N=_pow2(N), PFHEADS=1)
             elif long_ring:  # flush rows' 64-row sequence tile in the same launch (53 KB, 4 programs per SM): W=32
                 # measured 1.4-1.6x faster than the LDG kernel at batch 8-64, and 7-25 % faster mixed than the route-
-                # split launches (which are up to 8 % faster on non-flush rows alone; session 13, run 2)
+                # split launches (which are up to 8 % faster on non-flush rows alone; H200)
                 cfg.update(maxnreg=128, EARLY=3, KSPLIT=1)
             else:  # 5 programs per SM (43 KB of shared memory each); EARLY 3 measured 7-9 % faster at batch 8-32.
                 # KSPLIT (the non-flush rows' 16-row tile, a second build in the launch) measured 1-5 % slower here
@@ -1470,7 +1470,7 @@ def replay_verify(
             segment ``s < 5`` (a run of one row's heads; later ones reuse the last) at ``2 + 5 s`` its start, its
             cursors known, its Gram done, its heads done and its head count, the segment count (30) and the end
             (31). A traced launch is a different build (each stamp waits for its value): it shows where a program's
-            time goes, not the untraced time (``benchmarks/trace_verify.py`` reads it).
+            time goes, not the untraced time (``tools/trace_verify.py`` reads it).
         row_cursors: (2, rows) int32 or None: ``ring_start`` and ``num_committed`` of each row's page, gathered
             once per step (``StepPlan.row_cursors``) and equal to the pages' cursors (the reference checks it).
             The TMA kernel then loads a row's cursors in the page id's round trip instead of one after it; the
@@ -1590,7 +1590,7 @@ def replay_verify(
         if early not in (0, 1, 2, 3) or (early == 3 and (HEADS != 1 or STREAM)):
             raise ConfigError(f"config EARLY must be 0, 1, 2 or 3 (3 with one head per program, no STREAM), got "
                               f"{early} with HEADS={HEADS}, STREAM={STREAM}")
-        # PDL_TILE's default, as measured in the layer chain (session 15, runs 2-3): the tile's copy before the wait
+        # PDL_TILE's default, as measured in the layer chain on the H200: the tile's copy before the wait
         # where the grid is at most one program per SM (batch 1: 2-8 % faster than 0 or 1); the first tile into L2
         # in a one-program-per-head launch of at least 16 programs per SM (batch 32-64: 1.5-2 % faster than 0;
         # at batch 8 8-10 % slower, and 2 is 12-20 % slower at 8-64); else nothing more (batch 128-256: 0 and 1
@@ -1617,7 +1617,7 @@ def replay_verify(
             # the capped launch holds a 64-row sequence tile (the LDG kernel's twin check is below, in its branch):
             # ptxas (Triton 3.6's) built one such launch at maxnreg 104 (FOLD_N 64, EARLY 3, KSPLIT 1, W=32) into a
             # kernel whose shared-memory store faults, from PTX byte-identical to the correct maxnreg-128 build but
-            # for the cap (session 14, run 2)
+            # for the cap (on the H200)
             raise ConfigError(f"config maxnreg {cap} is below {_LONG_RING_MIN_REGS} on a ring of {R} rows (a "
                               f"{_pow2(R)}-row sequence tile in the capped launch): use maxnreg >= "
                               f"{_LONG_RING_MIN_REGS} or 0 (uncapped), or SPLIT=1 with KSPLIT=1")
@@ -1682,7 +1682,7 @@ def replay_verify(
         return out
     if _compiled(dev) and cfg.get("maxnreg") and NC == 0 and _pow2(R) > 32:
         raise ConfigError("config maxnreg with the whole-tile LDG kernel and a ring of more than 32 rows faulted on "
-                          "the H200 (misaligned address, docs/performance_log.md §15); drop maxnreg or stream the tile "
+                          "the H200 (misaligned address); drop maxnreg or stream the tile "
                           "(NC > 0)")
     BLOCK_P = cfg["BLOCK_P"]
     NPT = triton.cdiv(P, BLOCK_P)
