@@ -2,7 +2,7 @@
 
 Run with pytest-benchmark (CPU tensors; the figure is Python time per step)::
 
-    python -m pytest benchmarks/bench_lifecycle.py --benchmark-only --benchmark-json docs/benchmarks/lifecycle.json
+    python -m pytest benchmarks/bench_lifecycle.py --benchmark-only --benchmark-json docs/results/lifecycle_cpu.json
 
 Every layer is "verified" by marking the plan, so only host bookkeeping and the
 commit's cursor arithmetic are timed, not kernels. Target: under 100 µs per step.
