@@ -51,3 +51,28 @@ class BackendUnavailableError(SSMStateError):
 
 class DeviceCommitError(SSMStateError):
     """A device-side commit found accepted counts out of range; cursors were left unchanged."""
+
+
+class UnsupportedConfigError(ConfigError):
+    """An engine configuration an integration cannot serve.
+
+    Attributes:
+        flag: the engine setting (command-line flag or environment variable) to change.
+    """
+
+    def __init__(self, message: str, *, flag: str) -> None:
+        super().__init__(f"{message} (change: {flag})")
+        self.flag = flag
+
+
+class UnsupportedVersionError(SSMStateError):
+    """An engine version an integration was not built for.
+
+    Attributes:
+        version: the version found. supported: the release series that are supported.
+    """
+
+    def __init__(self, message: str, *, version: str, supported: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.version = version
+        self.supported = supported

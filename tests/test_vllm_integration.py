@@ -181,13 +181,18 @@ def test_entry_point_declared_and_loadable(vllm_mod):
 
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     assert pyproject["project"]["entry-points"][DEFAULT_PLUGINS_GROUP] == {
-        "ssmstate": "ssmstate.integrations.vllm:register"}
+        "ssmstate": "ssmstate.integrations.vllm_plugin:register"}
     try:
-        metadata.distribution("ssmstate")
+        dist = metadata.distribution("ssmstate")
     except metadata.PackageNotFoundError:
         pytest.skip("ssmstate is not installed (pip install -e .): vLLM cannot discover its entry point")
+    installed = {ep.name: ep.value for ep in dist.entry_points if ep.group == DEFAULT_PLUGINS_GROUP}
+    if installed != pyproject["project"]["entry-points"][DEFAULT_PLUGINS_GROUP]:
+        pytest.skip(f"the installed ssmstate metadata declares {installed} (installed from another checkout)")
+    from ssmstate.integrations import vllm_plugin
+
     plugins = load_plugins_by_group(DEFAULT_PLUGINS_GROUP)
-    assert plugins["ssmstate"] is vllm_mod.register
+    assert plugins["ssmstate"] is vllm_plugin.register
     plugins["ssmstate"]()  # idempotent: a second registration in the same process changes nothing
 
 
@@ -225,20 +230,15 @@ def test_switch_and_model_state_hook(vllm_mod, configs):
                 sv.settings_from_vllm_config(vc)
         finally:
             os.environ.pop(key)
-    # The config form of the switch, with the env var unset.
-    old = os.environ.pop("SSMSTATE_VLLM")
+    # additional_config carries the settings, never the switch (tests/test_vllm_config.py has the rest).
     try:
-        vc.additional_config = {"ssmstate": {"enabled": True, "window": 8}}
-        assert sv.settings_from_vllm_config(vc) == sv.VllmSettings(enabled=True, window=8, backend="triton")
-        vc.additional_config = {"ssmstate": {"enabled": True, "pdl": True}}
-        assert sv.settings_from_vllm_config(vc).pdl
-        vc.additional_config = {"ssmstate": {"enabled": True, "pdl": "fast"}}
+        vc.additional_config = {"ssmstate": {"window": 8, "pdl": True}}
+        assert sv.settings_from_vllm_config(vc) == sv.VllmSettings(enabled=True, window=8, backend="triton",
+                                                                   pdl=True)
+        vc.additional_config = {"ssmstate": {"pdl": "fast"}}
         with pytest.raises(sv.ConfigError, match="pdl must be a bool"):
             sv.settings_from_vllm_config(vc)
-        vc.additional_config = {}
-        assert not sv.is_enabled(vc)
     finally:
-        os.environ["SSMSTATE_VLLM"] = old
         vc.additional_config = {}
 
 
