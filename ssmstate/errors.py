@@ -53,8 +53,12 @@ class DeviceCommitError(SSMStateError):
     """A device-side commit found accepted counts out of range; cursors were left unchanged."""
 
 
-class UnsupportedConfigError(ConfigError):
-    """An engine configuration an integration cannot serve.
+class UnsupportedConfigError(SSMStateError):
+    """An engine configuration an integration cannot serve, or malformed settings for it.
+
+    Deliberately not a ``ValueError``: engines that validate their config with
+    pydantic (vLLM) would wrap a ``ValueError`` raised from a config hook into
+    their own ``ValidationError`` and lose the type.
 
     Attributes:
         flag: the engine setting (command-line flag or environment variable) to change.

@@ -619,8 +619,10 @@ TINY = {
 def _new_request(req_id: str, blocks: list[int]):
     from vllm.v1.core.sched.output import NewRequestData
 
+    extra = {"prefill_token_ids": [1] * 8} if "prefill_token_ids" in NewRequestData.__dataclass_fields__ else {}
     return NewRequestData(req_id=req_id, prompt_token_ids=[1] * 8, mm_features=[], sampling_params=None,
-                          pooling_params=None, block_ids=(blocks,), num_computed_tokens=0, lora_request=None)
+                          pooling_params=None, block_ids=(blocks,), num_computed_tokens=0, lora_request=None,
+                          **extra)  # prefill_token_ids: vLLM 0.34 and later
 
 
 def _free_port() -> int:

@@ -204,6 +204,13 @@ def _draft_has_mamba_layers(vllm_config: VllmConfig) -> bool:
     return bool(draft.is_hybrid or draft.is_attention_free or draft.has_inner_state)
 
 
+#: Where the settings come from, named in the errors about them.
+_SETTINGS_FLAGS = (f"{ENV_SWITCH}_WINDOW / {ENV_SWITCH}_BACKEND / {ENV_SWITCH}_PDL or "
+                   f"--additional-config '{{\"{CONFIG_KEY}\": {{...}}}}'")
+#: What sizes the replay layout: K (the drafter's tokens) and the window.
+_LAYOUT_FLAGS = f"--speculative-config num_speculative_tokens (K) or {ENV_SWITCH}_WINDOW (W >= 1 + K)"
+
+
 def check_config(vllm_config: VllmConfig) -> VllmSettings:
     """Refuse what the plugin cannot serve; the settings otherwise.
 
@@ -212,10 +219,24 @@ def check_config(vllm_config: VllmConfig) -> VllmSettings:
     :func:`is_enabled` wherever the plugin acts. Each refusal names the flag to change.
 
     Raises:
-        UnsupportedConfigError: a configuration ssmstate cannot serve (``.flag`` names the setting).
-        ConfigError: malformed ssmstate settings, or a window / K the replay layout cannot hold.
+        UnsupportedConfigError: a configuration ssmstate cannot serve, malformed ssmstate settings,
+            or a window / K the replay layout cannot hold (``.flag`` names the setting to change).
     """
-    settings = settings_from_vllm_config(vllm_config)
+    if not switch_on():
+        return VllmSettings(enabled=False)
+    try:
+        settings = settings_from_vllm_config(vllm_config)
+    except ConfigError as e:
+        raise UnsupportedConfigError(f"ssmstate settings: {e}", flag=_SETTINGS_FLAGS) from e
+    _refuse_unsupported(vllm_config)
+    try:
+        layout_from_vllm_config(vllm_config, settings=settings)
+    except ConfigError as e:
+        raise UnsupportedConfigError(f"{ENV_SWITCH}=1: {e}", flag=_LAYOUT_FLAGS) from e
+    return settings
+
+
+def _refuse_unsupported(vllm_config: VllmConfig) -> None:
     mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
     arch = mc.architecture
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -223,13 +244,11 @@ def check_config(vllm_config: VllmConfig) -> VllmSettings:
                       f"unset {ENV_SWITCH} to serve {arch} with vLLM's own Mamba state")
     if getattr(mc, "runner_type", "generate") != "generate":
         raise _refuse(f"the {mc.runner_type!r} runner (decode only)", "--runner generate")
-    if not _uses_model_runner_v2(vllm_config):
-        raise _refuse("Model Runner V1 (ssmstate hooks Model Runner V2's model state)",
-                      "VLLM_USE_V2_MODEL_RUNNER=1, without the features vLLM logs as unsupported by Model Runner V2")
     if cc.use_replayssm:
         raise _refuse("together with vLLM's own ReplaySSM (both own the Mamba pages)", "--use-replayssm (drop it)")
     if cc.enable_prefix_caching or cc.mamba_cache_mode != "none":
-        raise _refuse(f"prefix caching (mamba_cache_mode {cc.mamba_cache_mode!r}): pages hold one live state",
+        raise _refuse(f"prefix caching (enable_prefix_caching={cc.enable_prefix_caching}, mamba_cache_mode "
+                      f"{cc.mamba_cache_mode!r}): a page holds one live state, no block-boundary checkpoints",
                       "--no-enable-prefix-caching")
     if _stochastic_rounding(vllm_config):
         raise _refuse("stochastic rounding of the Mamba state (its commit rounds to nearest)",
@@ -249,8 +268,9 @@ def check_config(vllm_config: VllmConfig) -> VllmSettings:
         draft = vllm_config.speculative_config.draft_model_config
         raise _refuse(f"a draft model with Mamba layers ({draft.architecture!r}): its state would get no plan",
                       "--speculative-config: a drafter without Mamba layers (ngram, EAGLE, Nemotron-H MTP)")
-    layout_from_vllm_config(vllm_config, settings=settings)  # the window and K the replay layout can hold
-    return settings
+    if not _uses_model_runner_v2(vllm_config):  # last: some refusals above are why vLLM picked V1
+        raise _refuse("Model Runner V1 (ssmstate hooks Model Runner V2's model state)",
+                      "VLLM_USE_V2_MODEL_RUNNER=1, and drop what vLLM logs as unsupported by Model Runner V2")
 
 
 def is_enabled(vllm_config: VllmConfig | None) -> bool:
