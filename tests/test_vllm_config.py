@@ -277,8 +277,16 @@ def test_refuses_vllm_replayssm(sv, nemotron_dir):
 def test_refuses_stochastic_rounding(sv, nemotron_dir):
     if not _vllm_has("enable_mamba_cache_stochastic_rounding"):
         pytest.skip("this vLLM has no Mamba stochastic rounding")
-    _refusal(sv, "--enable-mamba-cache-stochastic-rounding", nemotron_dir,
-             enable_mamba_cache_stochastic_rounding=True, mamba_ssm_cache_dtype="float16")
+    flag = "--enable-mamba-cache-stochastic-rounding"
+    try:
+        _refusal(sv, flag, nemotron_dir, enable_mamba_cache_stochastic_rounding=True, mamba_ssm_cache_dtype="float16")
+    except ValueError as e:  # vLLM 0.34 refuses it off CUDA itself, before our hook: check a real config that has it
+        assert "only supported on NVIDIA CUDA" in str(e)
+        vc = build(nemotron_dir, mamba_ssm_cache_dtype="float16")
+        vc.mamba_config.enable_stochastic_rounding = True
+        with pytest.raises(UnsupportedConfigError) as info:
+            sv.check_config(vc)
+        assert flag in info.value.flag
 
 
 def test_refuses_pipeline_parallelism(sv, nemotron_dir):

@@ -334,6 +334,55 @@ def test_max_concurrency_matches_planner(vllm_mod, configs, max_model_len):
         assert ratio >= 2.0  # attention KV at 8K tokens is a larger share of each request
 
 
+def replayssm_spec(vc):
+    """The MambaSpec vLLM's own FlashInfer ReplaySSM allocates (``--use-replayssm``: rings in the page, 0 extra)."""
+    import vllm.model_executor.layers.mamba.mamba_utils as mamba_utils
+    from vllm.model_executor.models.nemotron_h import NemotronHForCausalLM
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    cc = vc.cache_config
+    extra = ({"state_alignment": mamba_utils.mamba_state_alignment(vc)}
+             if hasattr(mamba_utils, "mamba_state_alignment") else {})  # vLLM 0.34: 16-byte states
+    with _Env("0"):
+        return MambaSpec(shapes=NemotronHForCausalLM.get_mamba_state_shape_from_config(vc),
+                         dtypes=NemotronHForCausalLM.get_mamba_state_dtype_from_config(vc),
+                         block_size=cc.mamba_block_size, page_size_padded=cc.mamba_page_size_padded,
+                         mamba_cache_mode=cc.mamba_cache_mode, num_speculative_blocks=0, **extra)
+
+
+@pytest.mark.parametrize("max_model_len", [1024, 8192])
+def test_max_concurrency_equals_vllm_replayssm(vllm_mod, configs, model_dir, max_model_len):
+    """Against vLLM's own ReplaySSM (FlashInfer, one page per request too): the same concurrency; the page is
+    one conv-window column larger (ssmstate's conv window is k-1+T wide, vLLM's k-1+K; the rings are alike)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms.interface import Platform
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+
+    sv = vllm_mod
+    with _Env("0"):
+        rs = EngineArgs(model=model_dir, skip_tokenizer_init=True, max_model_len=max_model_len,
+                        enable_prefix_caching=False, enforce_eager=True, use_replayssm=True,
+                        mamba_backend="flashinfer",
+                        speculative_config={"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 4,
+                                            "prompt_lookup_min": 2}).create_engine_config()
+        rs.scheduler_config.disable_hybrid_kv_cache_manager = False
+        Platform._align_hybrid_block_size(rs, FlashAttentionBackend)
+    vc = configs[(True, max_model_len)]
+    memory = 64 << 30
+    ours, theirs = our_spec(sv, vc), replayssm_spec(rs)
+    ours_c, theirs_c = _max_concurrency(vc, ours, memory), _max_concurrency(rs, theirs, memory)
+    growth = ours.real_page_size_bytes / theirs.real_page_size_bytes - 1
+    print(f"max_model_len={max_model_len}: vLLM max concurrency ssmstate {ours_c:.2f} vs vLLM ReplaySSM "
+          f"{theirs_c:.2f}; page {ours.real_page_size_bytes} vs {theirs.real_page_size_bytes} B "
+          f"(+{100 * growth:.2f} %)")
+    assert ours_c == theirs_c == {1024: 520.0, 8192: 260.0}[max_model_len]
+    hf = vc.model_config.hf_config
+    conv_column = (hf.mamba_num_heads * hf.mamba_head_dim + 2 * hf.n_groups * hf.ssm_state_size) * 2  # bf16
+    assert ours.real_page_size_bytes - theirs.real_page_size_bytes == conv_column
+    assert 0 < growth < 0.005
+    assert vc.cache_config.block_size == rs.cache_config.block_size
+
+
 # -- metadata -> StepPlan -> verify -> commit, against the serial oracle -------------------
 
 def _tiny_layout(sv):
