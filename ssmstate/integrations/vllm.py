@@ -68,6 +68,7 @@ from vllm.v1.worker.gpu.model_states.mamba_hybrid import MambaHybridModelState
 
 from ssmstate.cache import StateCache
 from ssmstate.errors import ConfigError, SSMStateError, UnsupportedConfigError
+from ssmstate.geometry import Mamba2Geometry
 from ssmstate.integrations.vllm_plugin import (  # the switch and versions live with the entry point
     ENV_SWITCH,
     SUPPORTED_VLLM_SERIES,  # noqa: F401  (re-exported)
@@ -75,7 +76,6 @@ from ssmstate.integrations.vllm_plugin import (  # the switch and versions live 
     installed_vllm_version,
     switch_on,
 )
-from ssmstate.geometry import Mamba2Geometry
 from ssmstate.layout import CURSORS_PER_PAGE, PageLayout, SpecConfig
 from ssmstate.manager import StateManager
 from ssmstate.plan import StepPlan
@@ -88,7 +88,7 @@ def _uses_model_runner_v2(vllm_config: VllmConfig) -> bool:
 
 
 def _stochastic_rounding(vllm_config: VllmConfig) -> bool:
-    """Whether vLLM was asked to round the Mamba state stochastically (``MambaConfig``, absent before 0.33)."""
+    """Whether vLLM was asked to round the Mamba state stochastically (``VllmConfig.mamba_config``)."""
     mamba = getattr(vllm_config, "mamba_config", None)
     return bool(getattr(mamba, "enable_stochastic_rounding", False))
 
