@@ -51,3 +51,32 @@ class BackendUnavailableError(SSMStateError):
 
 class DeviceCommitError(SSMStateError):
     """A device-side commit found accepted counts out of range; cursors were left unchanged."""
+
+
+class UnsupportedConfigError(SSMStateError):
+    """An engine configuration an integration cannot serve, or malformed settings for it.
+
+    Deliberately not a ``ValueError``: engines that validate their config with
+    pydantic (vLLM) would wrap a ``ValueError`` raised from a config hook into
+    their own ``ValidationError`` and lose the type.
+
+    Attributes:
+        flag: the engine setting (command-line flag or environment variable) to change.
+    """
+
+    def __init__(self, message: str, *, flag: str) -> None:
+        super().__init__(f"{message} (change: {flag})")
+        self.flag = flag
+
+
+class UnsupportedVersionError(SSMStateError):
+    """An engine version an integration was not built for.
+
+    Attributes:
+        version: the version found. supported: the release series that are supported.
+    """
+
+    def __init__(self, message: str, *, version: str, supported: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.version = version
+        self.supported = supported

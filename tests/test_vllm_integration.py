@@ -132,6 +132,13 @@ def stock_spec(vc):
         )
 
 
+def default_block_size() -> int:
+    """vLLM's starting attention block size (16 in 0.32/0.33, 64 in 0.34), before hybrid alignment."""
+    from vllm.config.cache import CacheConfig
+
+    return CacheConfig.DEFAULT_BLOCK_SIZE
+
+
 def our_spec(sv, vc):
     """What SSMStateMambaMixer2.get_kv_cache_spec returns for this config."""
     return sv.spec_from_layout(sv.layout_from_vllm_config(vc), vc)
@@ -152,7 +159,7 @@ def test_spec_page_is_the_layout_page_on_both_sizing_paths(vllm_mod, configs):
     layout = sv.layout_from_vllm_config(vc)
     spec = our_spec(sv, vc)
     plan = plan_capacity(MODEL, gpu_memory="64GiB", gpu_utilization=1.0, num_speculative_tokens=K,
-                         max_model_len=8192, vllm_compatible=True)
+                         max_model_len=8192, vllm_compatible=True, block_size=default_block_size())
     assert spec.num_speculative_blocks == 0
     assert spec.real_page_size_bytes == layout.layer_page_bytes == plan.replay.layer_page_bytes
     # Config-time path (what the platform sizes the attention block with) agrees with the layer path.
@@ -181,13 +188,18 @@ def test_entry_point_declared_and_loadable(vllm_mod):
 
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     assert pyproject["project"]["entry-points"][DEFAULT_PLUGINS_GROUP] == {
-        "ssmstate": "ssmstate.integrations.vllm:register"}
+        "ssmstate": "ssmstate.integrations.vllm_plugin:register"}
     try:
-        metadata.distribution("ssmstate")
+        dist = metadata.distribution("ssmstate")
     except metadata.PackageNotFoundError:
         pytest.skip("ssmstate is not installed (pip install -e .): vLLM cannot discover its entry point")
+    installed = {ep.name: ep.value for ep in dist.entry_points if ep.group == DEFAULT_PLUGINS_GROUP}
+    if installed != pyproject["project"]["entry-points"][DEFAULT_PLUGINS_GROUP]:
+        pytest.skip(f"the installed ssmstate metadata declares {installed} (installed from another checkout)")
+    from ssmstate.integrations import vllm_plugin
+
     plugins = load_plugins_by_group(DEFAULT_PLUGINS_GROUP)
-    assert plugins["ssmstate"] is vllm_mod.register
+    assert plugins["ssmstate"] is vllm_plugin.register
     plugins["ssmstate"]()  # idempotent: a second registration in the same process changes nothing
 
 
@@ -225,20 +237,15 @@ def test_switch_and_model_state_hook(vllm_mod, configs):
                 sv.settings_from_vllm_config(vc)
         finally:
             os.environ.pop(key)
-    # The config form of the switch, with the env var unset.
-    old = os.environ.pop("SSMSTATE_VLLM")
+    # additional_config carries the settings, never the switch (tests/test_vllm_config.py has the rest).
     try:
-        vc.additional_config = {"ssmstate": {"enabled": True, "window": 8}}
-        assert sv.settings_from_vllm_config(vc) == sv.VllmSettings(enabled=True, window=8, backend="triton")
-        vc.additional_config = {"ssmstate": {"enabled": True, "pdl": True}}
-        assert sv.settings_from_vllm_config(vc).pdl
-        vc.additional_config = {"ssmstate": {"enabled": True, "pdl": "fast"}}
+        vc.additional_config = {"ssmstate": {"window": 8, "pdl": True}}
+        assert sv.settings_from_vllm_config(vc) == sv.VllmSettings(enabled=True, window=8, backend="triton",
+                                                                   pdl=True)
+        vc.additional_config = {"ssmstate": {"pdl": "fast"}}
         with pytest.raises(sv.ConfigError, match="pdl must be a bool"):
             sv.settings_from_vllm_config(vc)
-        vc.additional_config = {}
-        assert not sv.is_enabled(vc)
     finally:
-        os.environ["SSMSTATE_VLLM"] = old
         vc.additional_config = {}
 
 
@@ -314,7 +321,8 @@ def test_max_concurrency_matches_planner(vllm_mod, configs, max_model_len):
     ours = _max_concurrency(configs[(True, max_model_len)], our_spec(sv, configs[(True, max_model_len)]), memory)
     stock = _max_concurrency(configs[(False, max_model_len)], stock_spec(configs[(False, max_model_len)]), memory)
     plan = plan_capacity(MODEL, gpu_memory=memory, gpu_utilization=1.0, num_speculative_tokens=K, window=16,
-                         state_dtype="float32", max_model_len=max_model_len, vllm_compatible=True)
+                         state_dtype="float32", max_model_len=max_model_len, vllm_compatible=True,
+                         block_size=default_block_size())
     assert ours == plan.vllm_replay.max_concurrency
     assert stock == plan.vllm_native.max_concurrency
     ratio = ours / stock
@@ -324,6 +332,55 @@ def test_max_concurrency_matches_planner(vllm_mod, configs, max_model_len):
         assert ratio >= 3.0  # Mamba state dominates: 1 block per group instead of 1 + K
     else:
         assert ratio >= 2.0  # attention KV at 8K tokens is a larger share of each request
+
+
+def replayssm_spec(vc):
+    """The MambaSpec vLLM's own FlashInfer ReplaySSM allocates (``--use-replayssm``: rings in the page, 0 extra)."""
+    import vllm.model_executor.layers.mamba.mamba_utils as mamba_utils
+    from vllm.model_executor.models.nemotron_h import NemotronHForCausalLM
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    cc = vc.cache_config
+    extra = ({"state_alignment": mamba_utils.mamba_state_alignment(vc)}
+             if hasattr(mamba_utils, "mamba_state_alignment") else {})  # vLLM 0.34: 16-byte states
+    with _Env("0"):
+        return MambaSpec(shapes=NemotronHForCausalLM.get_mamba_state_shape_from_config(vc),
+                         dtypes=NemotronHForCausalLM.get_mamba_state_dtype_from_config(vc),
+                         block_size=cc.mamba_block_size, page_size_padded=cc.mamba_page_size_padded,
+                         mamba_cache_mode=cc.mamba_cache_mode, num_speculative_blocks=0, **extra)
+
+
+@pytest.mark.parametrize("max_model_len", [1024, 8192])
+def test_max_concurrency_equals_vllm_replayssm(vllm_mod, configs, model_dir, max_model_len):
+    """Against vLLM's own ReplaySSM (FlashInfer, one page per request too): the same concurrency; the page is
+    one conv-window column larger (ssmstate's conv window is k-1+T wide, vLLM's k-1+K; the rings are alike)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms.interface import Platform
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+
+    sv = vllm_mod
+    with _Env("0"):
+        rs = EngineArgs(model=model_dir, skip_tokenizer_init=True, max_model_len=max_model_len,
+                        enable_prefix_caching=False, enforce_eager=True, use_replayssm=True,
+                        mamba_backend="flashinfer",
+                        speculative_config={"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 4,
+                                            "prompt_lookup_min": 2}).create_engine_config()
+        rs.scheduler_config.disable_hybrid_kv_cache_manager = False
+        Platform._align_hybrid_block_size(rs, FlashAttentionBackend)
+    vc = configs[(True, max_model_len)]
+    memory = 64 << 30
+    ours, theirs = our_spec(sv, vc), replayssm_spec(rs)
+    ours_c, theirs_c = _max_concurrency(vc, ours, memory), _max_concurrency(rs, theirs, memory)
+    growth = ours.real_page_size_bytes / theirs.real_page_size_bytes - 1
+    print(f"max_model_len={max_model_len}: vLLM max concurrency ssmstate {ours_c:.2f} vs vLLM ReplaySSM "
+          f"{theirs_c:.2f}; page {ours.real_page_size_bytes} vs {theirs.real_page_size_bytes} B "
+          f"(+{100 * growth:.2f} %)")
+    assert ours_c == theirs_c == {1024: 520.0, 8192: 260.0}[max_model_len]
+    hf = vc.model_config.hf_config
+    conv_column = (hf.mamba_num_heads * hf.mamba_head_dim + 2 * hf.n_groups * hf.ssm_state_size) * 2  # bf16
+    assert ours.real_page_size_bytes - theirs.real_page_size_bytes == conv_column
+    assert 0 < growth < 0.005
+    assert vc.cache_config.block_size == rs.cache_config.block_size
 
 
 # -- metadata -> StepPlan -> verify -> commit, against the serial oracle -------------------
@@ -611,8 +668,10 @@ TINY = {
 def _new_request(req_id: str, blocks: list[int]):
     from vllm.v1.core.sched.output import NewRequestData
 
+    extra = {"prefill_token_ids": [1] * 8} if "prefill_token_ids" in NewRequestData.__dataclass_fields__ else {}
     return NewRequestData(req_id=req_id, prompt_token_ids=[1] * 8, mm_features=[], sampling_params=None,
-                          pooling_params=None, block_ids=(blocks,), num_computed_tokens=0, lora_request=None)
+                          pooling_params=None, block_ids=(blocks,), num_computed_tokens=0, lora_request=None,
+                          **extra)  # prefill_token_ids: vLLM 0.34 and later
 
 
 def _free_port() -> int:

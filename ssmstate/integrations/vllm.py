@@ -1,8 +1,11 @@
-"""ssmstate inside vLLM 0.33 Model Runner V2, through vLLM's plugin hooks.
+"""ssmstate inside vLLM's Model Runner V2 (vLLM 0.32.x, 0.33.x, 0.34.x), through vLLM's plugin hooks.
 
-Turn it on with ``SSMSTATE_VLLM=1`` (or ``--additional-config '{"ssmstate":
-{"enabled": true}}'``); vLLM loads :func:`register` from the
-``vllm.general_plugins`` entry point in every process. See docs/vllm.md.
+Turn it on with ``SSMSTATE_VLLM=1`` in the environment of every vLLM process;
+``--additional-config '{"ssmstate": {...}}'`` carries its settings (window,
+backend, pdl), never the switch. vLLM loads
+:func:`ssmstate.integrations.vllm_plugin.register` from the
+``vllm.general_plugins`` entry point in every process; it imports this module
+(and so vLLM's internals) only while the switch is on. See docs/vllm.md.
 
 The embedding, hook by hook:
 
@@ -31,8 +34,9 @@ The embedding, hook by hook:
   the device in ``postprocess_state`` (right after rejection sampling) and zeroes
   a new request's cursors in ``add_request``.
 
-Everything here delegates to vLLM's stock behaviour unless ssmstate is enabled
-for the running config, so installing ssmstate changes nothing by itself.
+With the switch on, every configuration the plugin cannot serve is refused
+with :class:`~ssmstate.errors.UnsupportedConfigError` while vLLM builds its
+config (:func:`check_config`), before any model is loaded.
 """
 
 from __future__ import annotations
@@ -63,18 +67,46 @@ from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 from vllm.v1.worker.gpu.model_states.mamba_hybrid import MambaHybridModelState
 
 from ssmstate.cache import StateCache
-from ssmstate.errors import ConfigError, SSMStateError
+from ssmstate.errors import ConfigError, SSMStateError, UnsupportedConfigError
 from ssmstate.geometry import Mamba2Geometry
+from ssmstate.integrations.vllm_plugin import (  # the switch and versions live with the entry point
+    ENV_SWITCH,
+    SUPPORTED_VLLM_SERIES,  # noqa: F401  (re-exported)
+    check_vllm_version,
+    installed_vllm_version,
+    switch_on,
+)
 from ssmstate.layout import CURSORS_PER_PAGE, PageLayout, SpecConfig
 from ssmstate.manager import StateManager
 from ssmstate.plan import StepPlan
 
-#: Environment switch: "1"/"true"/"yes" turns ssmstate on for every vLLM config in the process.
-ENV_SWITCH = "SSMSTATE_VLLM"
-#: ``--additional-config`` key: ``{"ssmstate": {"enabled": true, "window": 16, "backend": "triton", "pdl": false}}``.
+# -- vLLM version adapters: what differs between the supported releases -------------------
+
+def _uses_model_runner_v2(vllm_config: VllmConfig) -> bool:
+    """Whether the engine runs Model Runner V2 (0.32/0.33 decide per config; 0.34 has no V1 left)."""
+    return bool(getattr(vllm_config, "use_v2_model_runner", True))
+
+
+def _stochastic_rounding(vllm_config: VllmConfig) -> bool:
+    """Whether vLLM was asked to round the Mamba state stochastically (``VllmConfig.mamba_config``)."""
+    mamba = getattr(vllm_config, "mamba_config", None)
+    return bool(getattr(mamba, "enable_stochastic_rounding", False))
+
+
+#: ``--additional-config`` key: ``{"ssmstate": {"window": 16, "backend": "triton", "pdl": false}}``.
+#: It carries settings only: the switch is :data:`ENV_SWITCH`, because vLLM loads plugins before any config.
 CONFIG_KEY = "ssmstate"
+#: The keys ``additional_config["ssmstate"]`` may hold.
+CONFIG_SETTINGS = ("window", "backend", "pdl")
 #: Architectures whose config-time page sizing this module overrides (the layer hook alone is not enough).
 SUPPORTED_ARCHITECTURES = ("NemotronHForCausalLM",)
+#: Other architectures of vLLM whose models build ``MambaMixer2``: refused at config time while the switch is on
+#: (any other model that builds one is refused when its first layer is built).
+MAMBA2_ARCHITECTURES = (
+    "NemotronHPuzzleForCausalLM", "NemotronH_Nano_VL_V2", "NemotronH_Nano_Omni_Reasoning_V3",
+    "NemotronH_Super_Omni_Reasoning_V3", "NemotronH_Omni_Reasoning_V3", "Mamba2ForCausalLM", "BambaForCausalLM",
+    "FalconH1ForCausalLM", "GraniteMoeHybridForCausalLM", "Zamba2ForCausalLM",
+)
 
 assert NULL_BLOCK_ID == 0, "ssmstate's null page is page 0; vLLM's null block must be block 0"
 
@@ -86,7 +118,7 @@ class VllmSettings:
     """What the user asked for (env and ``--additional-config``).
 
     Attributes:
-        enabled: run ssmstate's Mamba state in place of vLLM's.
+        enabled: run ssmstate's Mamba state in place of vLLM's (``SSMSTATE_VLLM=1``).
         window: W, the replay window (ring rows R = W + 1 + K).
         backend: ssmstate backend for verify/conv/commit ("triton" on GPU, "reference" anywhere).
         pdl: with "triton", each layer's conv and verify launch as programmatic dependents
@@ -108,20 +140,35 @@ def _truthy(value: object) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
-def settings_from_vllm_config(vllm_config: VllmConfig | None) -> VllmSettings:
-    """Read the switch: ``SSMSTATE_VLLM`` (env) or ``additional_config["ssmstate"]``.
+def _config_settings(vllm_config: VllmConfig | None) -> Mapping[str, Any]:
+    """``additional_config["ssmstate"]``, checked: a dict of :data:`CONFIG_SETTINGS` keys only."""
+    if vllm_config is None:
+        return {}
+    add = getattr(vllm_config, "additional_config", None) or {}
+    extra = add.get(CONFIG_KEY, {}) if isinstance(add, Mapping) else {}
+    if not isinstance(extra, Mapping):
+        raise ConfigError(f"additional_config[{CONFIG_KEY!r}] must be a dict, got {extra!r}")
+    if "enabled" in extra:
+        raise ConfigError(
+            f"additional_config[{CONFIG_KEY!r}] cannot turn ssmstate on or off: vLLM loads plugins before it "
+            f"reads any config, so the switch is {ENV_SWITCH}=1 in the environment of every vLLM process; "
+            f"remove 'enabled' (the config may carry {', '.join(CONFIG_SETTINGS)})")
+    unknown = sorted(set(extra) - set(CONFIG_SETTINGS))
+    if unknown:
+        raise ConfigError(f"additional_config[{CONFIG_KEY!r}] has unknown keys {unknown}; "
+                          f"it may carry {', '.join(CONFIG_SETTINGS)}")
+    return extra
 
-    The env var, when set, decides ``enabled``; ``SSMSTATE_VLLM_WINDOW``,
-    ``SSMSTATE_VLLM_BACKEND`` and ``SSMSTATE_VLLM_PDL`` override the config's window, backend and pdl.
+
+def settings_from_vllm_config(vllm_config: VllmConfig | None) -> VllmSettings:
+    """The settings, read only while the switch is on (off: the defaults, nothing parsed).
+
+    ``SSMSTATE_VLLM_WINDOW``, ``SSMSTATE_VLLM_BACKEND`` and ``SSMSTATE_VLLM_PDL``
+    override ``additional_config["ssmstate"]``'s window, backend and pdl.
     """
-    extra: Mapping[str, Any] = {}
-    if vllm_config is not None:
-        add = getattr(vllm_config, "additional_config", None) or {}
-        extra = add.get(CONFIG_KEY, {}) if isinstance(add, Mapping) else {}
-        if not isinstance(extra, Mapping):
-            raise ConfigError(f"additional_config[{CONFIG_KEY!r}] must be a dict, got {extra!r}")
-    env = os.environ.get(ENV_SWITCH)
-    enabled = _truthy(env) if env is not None else bool(extra.get("enabled", False))
+    if not switch_on():
+        return VllmSettings(enabled=False)
+    extra = _config_settings(vllm_config)
     raw_window = os.environ.get(f"{ENV_SWITCH}_WINDOW", extra.get("window", 16))
     try:
         window = int(raw_window)
@@ -139,28 +186,104 @@ def settings_from_vllm_config(vllm_config: VllmConfig | None) -> VllmSettings:
         raise ConfigError(f"ssmstate pdl must be a bool (or 0/1, true/false, yes/no, on/off), got {raw_pdl!r}")
     if pdl and backend != "triton":
         raise ConfigError(f"ssmstate pdl needs the triton backend, got backend {backend!r}")
-    return VllmSettings(enabled=enabled, window=window, backend=backend, pdl=pdl)
+    return VllmSettings(enabled=True, window=window, backend=backend, pdl=pdl)
+
+
+# -- refusals: every configuration the plugin cannot serve --------------------------------
+
+def _refuse(what: str, flag: str) -> UnsupportedConfigError:
+    return UnsupportedConfigError(f"{ENV_SWITCH}=1: ssmstate cannot serve {what}", flag=flag)
+
+
+def _draft_has_mamba_layers(vllm_config: VllmConfig) -> bool:
+    """True when a separate draft model carries recurrent (Mamba) state: ssmstate plans the target's groups only."""
+    sc = vllm_config.speculative_config
+    draft = getattr(sc, "draft_model_config", None) if sc is not None else None
+    if draft is None or draft is vllm_config.model_config:
+        return False
+    return bool(draft.is_hybrid or draft.is_attention_free or draft.has_inner_state)
+
+
+#: Where the settings come from, named in the errors about them.
+_SETTINGS_FLAGS = (f"{ENV_SWITCH}_WINDOW / {ENV_SWITCH}_BACKEND / {ENV_SWITCH}_PDL or "
+                   f"--additional-config '{{\"{CONFIG_KEY}\": {{...}}}}'")
+#: What sizes the replay layout: K (the drafter's tokens) and the window.
+_LAYOUT_FLAGS = f"--speculative-config num_speculative_tokens (K) or {ENV_SWITCH}_WINDOW (W >= 1 + K)"
+
+
+def check_config(vllm_config: VllmConfig) -> VllmSettings:
+    """Refuse what the plugin cannot serve; the settings otherwise.
+
+    Runs at config time (:func:`register`'s ``MODELS_CONFIG_MAP`` hook, inside
+    ``VllmConfig.__post_init__``, before any model is loaded) and again from
+    :func:`is_enabled` wherever the plugin acts. Each refusal names the flag to change.
+
+    Raises:
+        UnsupportedConfigError: a configuration ssmstate cannot serve, malformed ssmstate settings,
+            or a window / K the replay layout cannot hold (``.flag`` names the setting to change).
+    """
+    if not switch_on():
+        return VllmSettings(enabled=False)
+    try:
+        settings = settings_from_vllm_config(vllm_config)
+    except ConfigError as e:
+        raise UnsupportedConfigError(f"ssmstate settings: {e}", flag=_SETTINGS_FLAGS) from e
+    _refuse_unsupported(vllm_config)
+    try:
+        layout_from_vllm_config(vllm_config, settings=settings)
+    except ConfigError as e:
+        raise UnsupportedConfigError(f"{ENV_SWITCH}=1: {e}", flag=_LAYOUT_FLAGS) from e
+    return settings
+
+
+def _refuse_unsupported(vllm_config: VllmConfig) -> None:
+    mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
+    arch = mc.architecture
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise _refuse(f"{arch!r}; it supports {', '.join(SUPPORTED_ARCHITECTURES)}",
+                      f"unset {ENV_SWITCH} to serve {arch} with vLLM's own Mamba state")
+    if getattr(mc, "runner_type", "generate") != "generate":
+        raise _refuse(f"the {mc.runner_type!r} runner (decode only)", "--runner generate")
+    if cc.use_replayssm:
+        raise _refuse("together with vLLM's own ReplaySSM (both own the Mamba pages)", "--use-replayssm (drop it)")
+    if cc.enable_prefix_caching or cc.mamba_cache_mode != "none":
+        raise _refuse(f"prefix caching (enable_prefix_caching={cc.enable_prefix_caching}, mamba_cache_mode "
+                      f"{cc.mamba_cache_mode!r}): a page holds one live state, no block-boundary checkpoints",
+                      "--no-enable-prefix-caching")
+    if _stochastic_rounding(vllm_config):
+        raise _refuse("stochastic rounding of the Mamba state (its commit rounds to nearest)",
+                      "--enable-mamba-cache-stochastic-rounding (drop it)")
+    if pc.pipeline_parallel_size > 1:
+        raise _refuse(f"pipeline parallelism (size {pc.pipeline_parallel_size}): every rank would commit",
+                      "--pipeline-parallel-size 1")
+    if pc.decode_context_parallel_size > 1 or getattr(pc, "prefill_context_parallel_size", 1) > 1:
+        raise _refuse("context parallelism (one request's state on several ranks)",
+                      "--decode-context-parallel-size 1 / --prefill-context-parallel-size 1")
+    if pc.use_ubatching:
+        raise _refuse("micro-batching (one plan per step)", "--enable-dbo / --ubatch-size (drop them)")
+    if vllm_config.kv_transfer_config is not None or cc.kv_offloading_size is not None:
+        raise _refuse("KV connectors or KV offloading: they move pages without ssmstate's cursors",
+                      "--kv-transfer-config / --kv-offloading-size (drop them)")
+    if _draft_has_mamba_layers(vllm_config):
+        draft = vllm_config.speculative_config.draft_model_config
+        raise _refuse(f"a draft model with Mamba layers ({draft.architecture!r}): its state would get no plan",
+                      "--speculative-config: a drafter without Mamba layers (ngram, EAGLE, Nemotron-H MTP)")
+    if not _uses_model_runner_v2(vllm_config):  # last: some refusals above are why vLLM picked V1
+        raise _refuse("Model Runner V1 (ssmstate hooks Model Runner V2's model state)",
+                      "VLLM_USE_V2_MODEL_RUNNER=1, and drop what vLLM logs as unsupported by Model Runner V2")
 
 
 def is_enabled(vllm_config: VllmConfig | None) -> bool:
-    """True when ssmstate runs this config's Mamba state (switch on, supported architecture)."""
+    """True when ssmstate runs this config's Mamba state: switch on and :func:`check_config` passes.
+
+    Raises what :func:`check_config` raises, so a configuration that slipped past
+    the config-time hook still fails before the plugin touches a page.
+    """
+    if not switch_on():
+        return False
     if vllm_config is None or vllm_config.model_config is None:
         return False
-    if not settings_from_vllm_config(vllm_config).enabled:
-        return False
-    arch = vllm_config.model_config.architecture
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ConfigError(
-            f"{ENV_SWITCH}: ssmstate supports {SUPPORTED_ARCHITECTURES} in vLLM, not {arch!r}; unset the switch"
-        )
-    cache = vllm_config.cache_config
-    if cache.use_replayssm:
-        raise ConfigError(f"{ENV_SWITCH} and vLLM's own --use-replayssm are mutually exclusive")
-    if cache.mamba_cache_mode != "none":
-        raise ConfigError(
-            f"{ENV_SWITCH} needs mamba_cache_mode='none' (run with --no-enable-prefix-caching); "
-            f"got {cache.mamba_cache_mode!r}"
-        )
+    check_config(vllm_config)
     return True
 
 
@@ -192,7 +315,8 @@ def _padded_groups(n_groups: int, tp_size: int) -> int:
     return n_groups + MambaStateShapeCalculator.extra_groups_for_head_shards(n_groups, tp_size)
 
 
-def layout_from_vllm_config(vllm_config: VllmConfig, num_layers: int = 1) -> PageLayout:
+def layout_from_vllm_config(vllm_config: VllmConfig, num_layers: int = 1,
+                            settings: VllmSettings | None = None) -> PageLayout:
     """The per-layer page layout of a NemotronH config (config-time path)."""
     hf = vllm_config.model_config.hf_config
     tp = vllm_config.parallel_config.tensor_parallel_size
@@ -202,7 +326,7 @@ def layout_from_vllm_config(vllm_config: VllmConfig, num_layers: int = 1) -> Pag
         n_groups=_padded_groups(hf.n_groups, tp), conv_kernel=hf.conv_kernel, tp_size=tp,
         ssm_dtype=ssm, act_dtype=act, conv_dtype=conv,
         num_speculative_tokens=vllm_config.num_speculative_tokens,
-        window=settings_from_vllm_config(vllm_config).window, num_layers=num_layers,
+        window=(settings or settings_from_vllm_config(vllm_config)).window, num_layers=num_layers,
     )
 
 
@@ -589,17 +713,59 @@ class SSMStateModelState(MambaHybridModelState):
 _MODEL_CLASS = f"{__name__}:SSMStateNemotronHForCausalLM"
 
 
-def register() -> None:
-    """``vllm.general_plugins`` entry point; idempotent (vLLM may call it in every process).
+def _config_check_for(arch: str, base: type | None) -> type:
+    """A ``MODELS_CONFIG_MAP`` entry for ``arch``: vLLM's own entry (if any), then :func:`check_config`.
 
-    Registers the spec (with vLLM's ``MambaManager``, grouped as a ``MambaSpec``),
-    the ``MambaMixer2`` replacement and the NemotronH model override. Each of
-    them keeps vLLM's stock behaviour unless :func:`is_enabled` holds for the
-    running config, and ``SSMSTATE_VLLM=0`` skips registration altogether.
+    vLLM runs it from ``VllmConfig.__post_init__`` (``try_verify_and_update_config``),
+    in the process that builds the config, before any worker loads the model.
     """
-    env = os.environ.get(ENV_SWITCH)
-    if env is not None and not _truthy(env):
+    from vllm.model_executor.models.config import VerifyAndUpdateConfig
+
+    parent = base or VerifyAndUpdateConfig
+
+    class SSMStateConfigCheck(parent):  # type: ignore[misc,valid-type]
+        ssmstate_base = base
+
+        @classmethod
+        def verify_and_update_config(cls, vllm_config: VllmConfig) -> None:
+            if base is not None:
+                base.verify_and_update_config(vllm_config)
+            if switch_on():
+                check_config(vllm_config)
+
+    SSMStateConfigCheck.__qualname__ = SSMStateConfigCheck.__name__ = f"SSMStateConfigCheck_{arch}"
+    return SSMStateConfigCheck
+
+
+def _register_config_checks() -> None:
+    """Hook :func:`check_config` into vLLM's per-architecture config map (idempotent)."""
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    for arch in SUPPORTED_ARCHITECTURES + MAMBA2_ARCHITECTURES:
+        current = MODELS_CONFIG_MAP.get(arch)
+        if current is not None and hasattr(current, "ssmstate_base"):
+            continue
+        MODELS_CONFIG_MAP[arch] = _config_check_for(arch, current)
+
+
+def register() -> None:
+    """Register the plugin's hooks in vLLM; idempotent (vLLM calls it in every process).
+
+    Nothing unless ``SSMSTATE_VLLM=1`` (``0`` or unset: vLLM is left exactly as it
+    is; any other value raises). With the switch on, checks the vLLM version, then
+    registers the spec (with vLLM's ``MambaManager``, grouped as a ``MambaSpec``),
+    the ``MambaMixer2`` replacement, the NemotronH model override and the
+    config-time refusals (:func:`check_config`). vLLM's entry point is
+    :func:`ssmstate.integrations.vllm_plugin.register`, which checks the switch and
+    the version before it imports this module.
+
+    Raises:
+        ConfigError: a switch value other than 0/1, or another plugin's ``MambaMixer2``.
+        UnsupportedVersionError: a vLLM outside :data:`SUPPORTED_VLLM_SERIES`.
+    """
+    if not switch_on():
         return
+    check_vllm_version(installed_vllm_version())
     # Built-in specs register lazily, only while the registry is empty: fill it first.
     KVCacheSpecRegistry._ensure_registered()
     KVCacheSpecRegistry.register(SSMStateMambaSpec, MambaManager, uniform_type_base_spec=MambaSpec)
@@ -612,3 +778,4 @@ def register() -> None:
 
     for arch in SUPPORTED_ARCHITECTURES:
         ModelRegistry.register_model(arch, _MODEL_CLASS)
+    _register_config_checks()
