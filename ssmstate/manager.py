@@ -514,7 +514,8 @@ class StateManager:
 
         On a CPU device the tensors are host values and are checked (page ids in ``[0, num_pages)``, no page
         twice, ``cu_seqlens`` from 0 by steps of ``[0, max_seqlen]`` to ``total_tokens``). On a GPU that would be
-        a sync: a page id out of range there becomes a padding row instead (nothing of it is read or written).
+        a sync: a row whose page id is out of range, or repeats an earlier row's, becomes a padding row instead
+        (nothing of it is read or written).
         """
         self._require_no_open_step()
         dev = self.device
@@ -555,8 +556,11 @@ class StateManager:
         tb[:, 0].copy_(page_ids)
         cb.copy_(cu_seqlens)
         pids = tb[:, 0]
-        if not self._on_cpu:  # no sync: an id out of range becomes a padding row (checked above on the host)
-            pids.masked_fill_((pids < 0) | (pids >= self.cache.num_pages), 0)
+        if not self._on_cpu:  # no sync: an id out of range, or a page a row before already has, becomes a padding
+            # row, so no kernel touches memory outside the cache and no two programs race on a page (the host
+            # refuses both above)
+            repeat = (pids[:, None] == pids[None, :]).tril_(-1).any(dim=1)
+            pids.masked_fill_((pids < 0) | (pids >= self.cache.num_pages) | repeat, 0)
         p = pids.long()
         q = cb[1:] - cb[:-1]
         pending = self.cache.pending

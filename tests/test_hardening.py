@@ -353,3 +353,27 @@ def test_bad_input_walk_native():
     counts = bad_input_walk(lambda **kw: StateManager(**kw), backend="reference", device="cpu", scheme="native")
     print(f"native layout: {counts['tried']} bad calls, {counts['typed_unchanged']} typed and unchanged")
     assert counts["tried"] == counts["typed_unchanged"] >= 60
+
+
+def test_device_page_ids_out_of_range_or_repeated_become_padding():
+    """On a GPU the engine's page ids cannot be checked without a sync: a row whose id is out of range or repeats an
+    earlier row's becomes a padding row, and reset_cursors skips such ids (the CPU path refuses them, above). The
+    device branch is run here on CPU tensors by switching the manager's host-values flag off."""
+    m = _mgr()
+    pa, pb = m.page_of("a"), m.page_of("b")
+    before = m.cache.cursors.clone()
+    m._on_cpu = False
+    try:
+        i32 = dict(dtype=torch.int32)
+        plan = m.begin_step_from_tensors(torch.tensor([pa, -3, 99, pa, pb], **i32),
+                                         torch.tensor([0, 1, 2, 3, 4, 6], **i32), 6, 2)
+        assert plan.page_ids.tolist() == [pa, 0, 0, 0, pb]
+        want = before.clone()
+        want[2, pa], want[2, pb] = 1, 2
+        assert torch.equal(m.cache.cursors, want)
+        m.rollback(plan)
+        assert torch.equal(m.cache.cursors, before)
+        m.reset_cursors(torch.tensor([-1, 99, 1 << 30], **i32))
+        assert torch.equal(m.cache.cursors, before)
+    finally:
+        m._on_cpu = True

@@ -184,3 +184,31 @@ def test_manager_lockstep_with_corrupted_cursors():
         m.materialize(["a", "b"])
     for lt, lr in zip(ms["triton"].cache.layers, ms["reference"].cache.layers):
         assert rel(lt["checkpoint"], lr["checkpoint"]) < 5e-5
+
+
+def test_rollback_after_conv_without_verify_triton():
+    """The Triton conv moved the window; a rollback before any verify puts the history back (conv_shift = q)."""
+    layout = PageLayout.replay(GEOM, SPEC)
+    m, clean = (StateManager(layout, 4, backend="triton") for _ in range(2))
+    gen = torch.Generator().manual_seed(2)
+    for rid in ("a", "b"):
+        cw = [torch.randn(GEOM.conv_dim, 3, generator=gen) for _ in range(2)]
+        for mm in (m, clean):
+            mm.admit(rid)
+            for layer in range(2):
+                mm.write_state(rid, layer, torch.zeros(2, 16, 16), cw[layer])
+
+    def convs(mm, q, seed):
+        plan = mm.begin_step(["a", "b"], q)
+        g2 = torch.Generator().manual_seed(seed)
+        outs = [mm.conv(layer, plan, *(lambda i: (i["xBC"], i["w"], i["b"]))(layer_inputs(mm, plan.total_tokens, g2)))
+                for layer in range(2)]
+        mm.rollback(plan)
+        return outs
+
+    convs(m, [3, 2], 0)
+    assert m.cache.conv_shift[[m.page_of("a"), m.page_of("b")]].tolist() == [3, 2]
+    for a, b in zip(convs(m, [2, 3], 1), convs(clean, [2, 3], 1)):
+        assert torch.equal(a, b)
+    for layer in range(2):
+        assert torch.equal(m.read_conv("a", layer), clean.read_conv("a", layer))
