@@ -21,9 +21,7 @@ from ssmstate import (
     ShapeError,
     SpecConfig,
     SSMStateError,
-    StateCache,
     StateManager,
-    UnknownRequestError,
 )
 from ssmstate.kernels import reference as ref
 from tests.hardening_walk import bad_input_walk, full_snapshot, layer_inputs, same_snapshot
