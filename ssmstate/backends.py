@@ -77,7 +77,7 @@ class ReferenceBackend:
     def materialize(self, cache, layer, A, page_ids):
         t = cache.layers[layer]
         ref.replay_materialize(t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start,
-                               cache.num_committed, A, page_ids)
+                               cache.num_committed, A, page_ids, window=cache.layout.spec.window)
 
 
 #: name -> "module:Class" for backends imported on first use.
@@ -94,6 +94,10 @@ def backend_names() -> list[str]:
 def get_backend(name: str, options: Mapping[str, Any] | None = None) -> Backend:
     """The backend called ``name`` ("reference", "triton", "flashinfer"; "native" = "reference"), built with
     ``options`` (keyword arguments of its class, e.g. ``{"pdl": True}`` for "triton")."""
+    if not isinstance(name, str):
+        raise ConfigError(f"backend must be a backend name, one of {backend_names()}, got {name!r:.80}")
+    if options is not None and not isinstance(options, Mapping):
+        raise ConfigError(f"backend_options must be a mapping of keyword arguments, got {options!r:.80}")
     options = dict(options or {})
     if name in ("reference", "native"):
         if options:

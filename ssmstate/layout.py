@@ -108,6 +108,10 @@ class PageLayout:
     def __attrs_post_init__(self) -> None:
         if self.scheme not in ("replay", "native"):
             raise ConfigError(f"scheme must be 'replay' or 'native', got {self.scheme!r}")
+        if not isinstance(self.geometry, Mamba2Geometry):
+            raise ConfigError(f"geometry must be a Mamba2Geometry, got {self.geometry!r:.80}")
+        if not isinstance(self.spec, SpecConfig):
+            raise ConfigError(f"spec must be a SpecConfig, got {self.spec!r:.80}")
 
     # -- shapes ---------------------------------------------------------------
     @property

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Mapping, Sequence
+from collections.abc import Mapping as _MappingABC
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -11,6 +12,8 @@ import torch
 from ssmstate.backends import Backend, get_backend
 from ssmstate.cache import StateCache
 from ssmstate.errors import (
+    BackendUnavailableError,
+    ConfigError,
     DeviceCommitError,
     LifecycleError,
     ShapeError,
@@ -18,7 +21,7 @@ from ssmstate.errors import (
     UnknownRequestError,
 )
 from ssmstate.kernels import reference as ref
-from ssmstate.layout import PageLayout
+from ssmstate.layout import CURSORS_PER_PAGE, PageLayout
 from ssmstate.plan import StepPlan
 from ssmstate.pool import PagePool
 
@@ -52,6 +55,99 @@ class SavedState:
 @attrs.define(eq=False)
 class _Request:
     pages: list[int]
+
+
+def _is_int(v: object) -> bool:
+    """A Python or numpy integer, not a bool: what counts, sizes and indices accept."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _check_hashable(request_id: object, verb: str) -> None:
+    try:
+        hash(request_id)
+    except TypeError:
+        raise SSMStateError(f"{verb}: a request id must be hashable, got {type(request_id).__name__}") from None
+
+
+def _request_ids(request_ids: object, verb: str) -> tuple[tuple[RequestId, ...], frozenset[RequestId]]:
+    """``request_ids`` (a list, tuple or other iterable; never a string) as a tuple of distinct hashable ids, and
+    their set."""
+    if isinstance(request_ids, (str, bytes)) or not isinstance(request_ids, Iterable):
+        raise SSMStateError(f"{verb}: request_ids must be a list or tuple of request ids, got {request_ids!r:.80}")
+    ids = tuple(request_ids)
+    try:
+        distinct = frozenset(ids)
+    except TypeError:
+        bad = next(type(r).__name__ for r in ids if not _hashable(r))
+        raise SSMStateError(f"{verb}: a request id must be hashable, got {bad}") from None
+    if len(distinct) != len(ids):
+        raise SSMStateError(f"{verb} got the same request twice")
+    return ids, distinct
+
+
+def _hashable(v: object) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
+
+
+def _check_A_values(A: Tensor) -> None:
+    """``SSMStateError`` unless every ``A <= 0`` (``A = -exp(A_log)``; NaN refused too). One host sync."""
+    bad = ~(A <= 0)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise SSMStateError(f"A must be <= 0 (A = -exp(A_log)), got A[{i}] = {float(A[i])}: every decay exponent "
+                            f"is clamped to <= 0, so a positive A would silently depart from the recurrence")
+
+
+def _tensor_version(t: Tensor) -> int:
+    try:
+        return t._version
+    except (RuntimeError, AttributeError):  # inference tensors keep no version counter
+        return -1
+
+
+def _span(t: Tensor) -> tuple[int, int]:
+    """The byte range ``t``'s elements occupy (strides are never negative in torch)."""
+    n = t.numel()
+    if n == 0:
+        return 0, 0
+    start = t.data_ptr()
+    if t.is_contiguous():
+        return start, start + n * t.element_size()
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return start, start + extent * t.element_size()
+
+
+def _check_no_overlap(out: Tensor, inputs: Mapping[str, Tensor | None]) -> None:
+    """``ShapeError`` if ``out`` shares memory with an input: a backend may write ``out`` before it has read
+    every input, so in-place outputs are refused on every backend alike."""
+    o0, o1 = _span(out)
+    for name, t in inputs.items():
+        if t is None:
+            continue
+        a0, a1 = _span(t)
+        if a0 < o1 and o0 < a1:
+            raise ShapeError(f"out overlaps {name}: pass an output buffer that shares no memory with the inputs")
+
+
+def _device(device: object) -> torch.device:
+    try:
+        dev = torch.device(device)  # type: ignore[arg-type]
+    except (TypeError, RuntimeError, ValueError):
+        raise ConfigError(f"device must be a torch.device or a name like 'cpu' or 'cuda:0', got {device!r}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BackendUnavailableError(f"device {dev} was asked for, but cuda is not available here")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        elif dev.index >= torch.cuda.device_count():
+            raise BackendUnavailableError(f"device {dev}: cuda has {torch.cuda.device_count()} devices here")
+    elif dev.type != "cpu":
+        raise ConfigError(f"device must be a cpu or cuda device, got {dev}")
+    return dev
 
 
 def _check_tensor(name: str, t: object, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...],
@@ -94,10 +190,17 @@ class StateManager:
     def __init__(self, layout: PageLayout, num_pages: int, device: torch.device | str = "cpu",
                  backend: str = "reference", max_batch: int | None = None,
                  cache: StateCache | None = None, backend_options: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(layout, PageLayout):
+            raise ConfigError(f"layout must be a PageLayout (PageLayout.replay or .native), got {layout!r:.80}")
+        if not _is_int(num_pages) or num_pages < 1:
+            raise SSMStateError(f"num_pages must be an int >= 1 (page 0 is the null page), got {num_pages!r:.80}")
+        num_pages = int(num_pages)
+        if max_batch is not None and (not _is_int(max_batch) or max_batch < 1):
+            raise SSMStateError(f"max_batch must be an int >= 1 or None, got {max_batch!r:.80}")
+        if cache is not None and not isinstance(cache, StateCache):
+            raise ConfigError(f"cache must be a StateCache (StateCache.from_tensors) or None, got {cache!r:.80}")
         self.layout = layout
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = _device(device)
         self.backend: Backend = get_backend(backend, backend_options)
         self.backend.check(layout, self.device)
         self.pool = PagePool(num_pages)
@@ -113,12 +216,12 @@ class StateManager:
         self._requests: dict[RequestId, _Request] = {}
         self._first_page: dict[RequestId, int] = {}  # request -> its (first) page, for begin_step's hot loop
         self._A: list[Tensor | None] = [None] * layout.geometry.num_layers
+        # per layer, the A tensor (and its version) last found <= 0: checked once per tensor, not per step
+        self._A_checked: list[tuple[Tensor, int] | None] = [None] * layout.geometry.num_layers
         self._open: StepPlan | None = None
         self._open_ids: frozenset[RequestId] = frozenset()
         self._step = 0
-        rows = max_batch if max_batch is not None else num_pages
-        if rows < 1:
-            raise SSMStateError(f"max_batch must be >= 1, got {rows}")
+        rows = int(max_batch) if max_batch is not None else num_pages
         self.max_batch = rows
         ppr = layout.pages_per_request
         i32 = dict(dtype=torch.int32, device=self.device)
@@ -170,13 +273,17 @@ class StateManager:
         return self._get(request_id).pages[0]
 
     def can_admit(self, n: int = 1) -> bool:
-        return self.pool.can_allocate(n * self.layout.pages_per_request)
+        if not _is_int(n) or n < 0:
+            raise SSMStateError(f"can_admit: n must be an int >= 0, got {n!r:.80}")
+        return self.pool.can_allocate(int(n) * self.layout.pages_per_request)
 
     def _get(self, request_id: RequestId) -> _Request:
         try:
             return self._requests[request_id]
-        except (KeyError, TypeError):
+        except KeyError:
             raise UnknownRequestError(f"unknown request {request_id!r} (never admitted, or released)") from None
+        except TypeError:
+            raise SSMStateError(f"a request id must be hashable, got {type(request_id).__name__}") from None
 
     def _known(self, request_id: RequestId) -> bool:
         try:
@@ -191,17 +298,31 @@ class StateManager:
         return req
 
     def _check_layer(self, layer: object) -> int:
-        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < self.num_layers:
-            raise SSMStateError(f"layer must be an int in [0, {self.num_layers}), got {layer!r}")
-        return layer
+        if not _is_int(layer) or not 0 <= layer < self.num_layers:  # type: ignore[operator]
+            raise SSMStateError(f"layer must be an int in [0, {self.num_layers}), got {layer!r:.80}")
+        return int(layer)  # type: ignore[call-overload]
+
+    def _check_A(self, layer: int, A: Tensor) -> None:
+        """Refuse ``A > 0`` once per A tensor (and in-place change of it): a sync the first time a tensor is seen,
+        none after. Inside a CUDA-graph capture (no sync possible) an unseen tensor is checked at its next call
+        outside one."""
+        seen, version = self._A_checked[layer], _tensor_version(A)
+        if seen is not None and seen[0] is A and seen[1] == version:
+            return
+        if A.is_cuda and torch.cuda.is_current_stream_capturing():
+            return
+        _check_A_values(A)
+        self._A_checked[layer] = (A, version)
+
+    def _conv_end(self, page: int) -> int:
+        """The conv window's column after the committed history (``conv_shift`` read clamped, as the kernels)."""
+        width = self.layout.conv_width
+        return width - int(ref.clamp_conv_shift(int(self.cache.conv_shift[page]), width, self.geometry.conv_kernel))
 
     # -- admission ----------------------------------------------------------------
     def admit(self, request_id: RequestId) -> int:
         """Allocate a request's page(s), zero its state and cursors; return its (first) page."""
-        try:
-            hash(request_id)
-        except TypeError:
-            raise SSMStateError(f"request id must be hashable, got {type(request_id).__name__}") from None
+        _check_hashable(request_id, "admit")
         if request_id in self._requests:
             raise LifecycleError(f"request {request_id!r} is already admitted")
         pages = self.pool.allocate(self.layout.pages_per_request)
@@ -254,8 +375,7 @@ class StateManager:
         t = self.cache.layers[layer]
         t[self.cache.state_name()][page] = ssm_state.to(g.state_dtype)
         if conv_window is not None:
-            width = self.layout.conv_width
-            end = width - int(self.cache.conv_shift[req.pages[0]])
+            end = self._conv_end(req.pages[0])
             t["conv"][req.pages[0], :, end - (k - 1): end] = conv_window.to(g.conv_state_dtype)
 
     def read_state(self, request_id: RequestId, layer: int) -> Tensor:
@@ -270,20 +390,25 @@ class StateManager:
         if A is None and self._committed(page):
             raise LifecycleError(f"read_state: layer {layer} has committed rows but no A was ever given")
         return ref.replay_read_state(t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"],
-                                     self.cache.ring_start, self.cache.num_committed, A, page).clone()
+                                     self.cache.ring_start, self.cache.num_committed, A, page,
+                                     window=self.layout.spec.window).clone()
 
     def read_conv(self, request_id: RequestId, layer: int) -> Tensor:
         """(conv_dim, conv_kernel - 1): the committed conv history, oldest column first."""
         req = self._idle(request_id, "read_conv")
         layer = self._check_layer(layer)
-        k, width = self.geometry.conv_kernel, self.layout.conv_width
-        end = width - int(self.cache.conv_shift[req.pages[0]])
+        k = self.geometry.conv_kernel
+        end = self._conv_end(req.pages[0])
         return self.cache.layers[layer]["conv"][req.pages[0], :, end - (k - 1): end].clone()
 
     def bind_layer(self, layer: int, A: Tensor) -> None:
-        """Give a layer's A (H,) ahead of time (``verify`` records it too); materialize needs it."""
+        """Give a layer's A (H,) ahead of time (``verify`` records it too); materialize needs it.
+
+        ``A > 0`` (or NaN) is refused; this checks it once (one sync), so a later ``verify`` with the
+        same tensor checks nothing."""
         layer = self._check_layer(layer)
         _check_tensor("A", A, (self.geometry.heads_per_rank,), _FLOATS, self.device)
+        self._check_A(layer, A)
         self._A[layer] = A
 
     # -- steps ---------------------------------------------------------------------
@@ -296,40 +421,48 @@ class StateManager:
         that many tokens, otherwise none.
         """
         self._require_no_open_step()
-        ids = tuple(request_ids)
+        ids, open_ids = _request_ids(request_ids, "begin_step")
         n = len(ids)
         if n == 0:
             raise SSMStateError("begin_step needs at least one request")
         T = self.layout.spec.num_tokens
-        uniform = isinstance(num_tokens, int) and not isinstance(num_tokens, bool)
+        uniform = type(num_tokens) is int or _is_int(num_tokens)
         if uniform:
-            if not 1 <= num_tokens <= T:  # type: ignore[operator]
+            num_tokens = int(num_tokens)  # type: ignore[arg-type]
+            if not 1 <= num_tokens <= T:
                 raise SSMStateError(f"num_tokens must be ints in [1, T={T}], got {num_tokens!r}")
             qs = num_tokens
             pad_q = num_tokens
         else:
+            if isinstance(num_tokens, (str, bytes)) or not isinstance(num_tokens, Iterable):
+                raise SSMStateError(f"num_tokens must be an int or a sequence of ints in [1, T={T}], "
+                                    f"got {num_tokens!r:.80}")
             qs = list(num_tokens)
             if len(qs) != n:
                 raise SSMStateError(f"num_tokens has {len(qs)} entries for {n} requests")
             if not all(type(q) is int and 1 <= q <= T for q in qs):
-                bad = next(q for q in qs if not (type(q) is int and 1 <= q <= T))
-                raise SSMStateError(f"num_tokens must be ints in [1, T={T}], got {bad!r}")
+                bad = [q for q in qs if not (_is_int(q) and 1 <= q <= T)]
+                if bad:
+                    raise SSMStateError(f"num_tokens must be ints in [1, T={T}], got {bad[0]!r:.80}")
+                qs = [int(q) for q in qs]  # numpy integers
             pad_q = 0
-        rows = n if pad_to is None else pad_to
+        if pad_to is None:
+            rows = n
+        elif _is_int(pad_to):
+            rows = int(pad_to)  # type: ignore[arg-type]
+        else:
+            raise SSMStateError(f"pad_to must be an int in [{n}, max_batch={self.max_batch}] or None, got {pad_to!r:.80}")
         if rows < n or rows > self.max_batch:
             raise SSMStateError(f"pad_to={pad_to} must be in [{n}, max_batch={self.max_batch}]")
         table, cu, q = self._h_table, self._h_cu, self._h_q
-        try:
+        try:  # the page lookups raise before the table is written
             if self.layout.pages_per_request == 1:
                 table[:n, 0] = np.fromiter(map(self._first_page.__getitem__, ids), np.int32, n)
             else:
                 table[:n] = [self._requests[rid].pages for rid in ids]
-        except (KeyError, TypeError):
+        except KeyError:
             bad_id = next(rid for rid in ids if not self._known(rid))
             raise UnknownRequestError(f"unknown request {bad_id!r} (never admitted, or released)") from None
-        open_ids = frozenset(ids)
-        if len(open_ids) != n:
-            raise SSMStateError("begin_step got the same request twice")
         table[n:rows] = 0
         if uniform:
             all_q = (num_tokens,) * rows
@@ -378,6 +511,11 @@ class StateManager:
             max_seqlen: host int, an upper bound on any row's length (<= T).
             num_tokens: host row lengths if the engine has them (CPU-side query
                 starts); otherwise ``max_seqlen`` is recorded for every row.
+
+        On a CPU device the tensors are host values and are checked (page ids in ``[0, num_pages)``, no page
+        twice, ``cu_seqlens`` from 0 by steps of ``[0, max_seqlen]`` to ``total_tokens``). On a GPU that would be
+        a sync: a row whose page id is out of range, or repeats an earlier row's, becomes a padding row instead
+        (nothing of it is read or written).
         """
         self._require_no_open_step()
         dev = self.device
@@ -389,20 +527,40 @@ class StateManager:
             raise SSMStateError(f"a step needs 1..max_batch={self.max_batch} rows, got {rows}")
         _check_tensor("cu_seqlens", cu_seqlens, (rows + 1,), (torch.int32,), dev)
         T = self.layout.spec.num_tokens
-        if type(max_seqlen) is not int or not 1 <= max_seqlen <= T:
-            raise SSMStateError(f"max_seqlen must be an int in [1, T={T}], got {max_seqlen!r}")
-        if type(total_tokens) is not int or not 0 <= total_tokens <= rows * max_seqlen:
-            raise SSMStateError(f"total_tokens must be an int in [0, rows * max_seqlen], got {total_tokens!r}")
+        if not _is_int(max_seqlen) or not 1 <= max_seqlen <= T:  # type: ignore[operator]
+            raise SSMStateError(f"max_seqlen must be an int in [1, T={T}], got {max_seqlen!r:.80}")
+        max_seqlen = int(max_seqlen)
+        if not _is_int(total_tokens) or not 0 <= total_tokens <= rows * max_seqlen:  # type: ignore[operator]
+            raise SSMStateError(f"total_tokens must be an int in [0, rows * max_seqlen], got {total_tokens!r:.80}")
+        total_tokens = int(total_tokens)
         if num_tokens is None:
             qs = (max_seqlen,) * rows
         else:
-            qs = tuple(num_tokens)
-            if len(qs) != rows or sum(qs) != total_tokens or not all(type(q) is int and 0 <= q <= T for q in qs):
-                raise SSMStateError(f"num_tokens must be {rows} ints in [0, T={T}] summing to {total_tokens}")
+            ok = not isinstance(num_tokens, (str, bytes)) and isinstance(num_tokens, Iterable)
+            qs = tuple(num_tokens) if ok else ()  # type: ignore[arg-type]
+            if not ok or len(qs) != rows or not all(_is_int(q) and 0 <= q <= max_seqlen for q in qs) \
+                    or sum(qs) != total_tokens:
+                raise SSMStateError(f"num_tokens must be {rows} ints in [0, max_seqlen={max_seqlen}] summing to "
+                                    f"{total_tokens}, got {num_tokens!r:.80}")
+            qs = tuple(int(q) for q in qs)
+        if self._on_cpu:
+            self._check_host_pages(page_ids, "begin_step_from_tensors", distinct=True)
+            cu = cu_seqlens.numpy()
+            steps = np.diff(cu)
+            if cu[0] != 0 or cu[-1] != total_tokens or (steps < 0).any() or (steps > max_seqlen).any():
+                raise SSMStateError(f"cu_seqlens must rise from 0 by steps in [0, max_seqlen={max_seqlen}] to "
+                                    f"total_tokens={total_tokens}, got {cu.tolist()}")
+            if num_tokens is not None and tuple(steps.tolist()) != qs:
+                raise SSMStateError(f"num_tokens {list(qs)} differ from the rows of cu_seqlens {steps.tolist()}")
         tb, cb = self._page_table_buf[:rows], self._cu_buf[: rows + 1]
         tb[:, 0].copy_(page_ids)
         cb.copy_(cu_seqlens)
         pids = tb[:, 0]
+        if not self._on_cpu:  # no sync: an id out of range, or a page a row before already has, becomes a padding
+            # row, so no kernel touches memory outside the cache and no two programs race on a page (the host
+            # refuses both above)
+            repeat = (pids[:, None] == pids[None, :]).tril_(-1).any(dim=1)
+            pids.masked_fill_((pids < 0) | (pids >= self.cache.num_pages) | repeat, 0)
         p = pids.long()
         q = cb[1:] - cb[:-1]
         pending = self.cache.pending
@@ -424,16 +582,35 @@ class StateManager:
         """Zero every cursor of ``page_ids`` on the device (an engine handed these pages to a new request).
 
         Args:
-            page_ids: (n,) int32/int64 on the manager's device; 0 entries are skipped.
+            page_ids: (n,) int32/int64 on the manager's device; 0 entries are skipped. On a CPU device an id
+                outside ``[0, num_pages)`` is refused; on a GPU (no sync) it is skipped.
         """
         if not isinstance(page_ids, torch.Tensor) or page_ids.dim() != 1 or page_ids.device != self.device \
                 or page_ids.dtype not in (torch.int32, torch.int64):
             raise ShapeError(f"page_ids must be a 1-D integer tensor on {self.device}")
-        p = page_ids.long()
+        if self._on_cpu:
+            self._check_host_pages(page_ids, "reset_cursors")
+        p = self._pages_in_range(page_ids)
         cur = self.cache.cursors
         cur[:, p] = torch.where(p != 0, torch.zeros_like(cur[:, p]), cur[:, p])
         if self._open is not None and self._open.row_cursors is not None:  # keep the open step's copy current
             self._gather_row_cursors(self._open.page_ids)
+
+    def _check_host_pages(self, page_ids: Tensor, verb: str, distinct: bool = False) -> None:
+        """Refuse page ids (a CPU tensor) outside ``[0, num_pages)``, or (``distinct``) a page other than 0 twice."""
+        ids = page_ids.numpy()
+        bad = (ids < 0) | (ids >= self.cache.num_pages)
+        if bad.any():
+            raise SSMStateError(f"{verb}: page id {int(ids[bad.argmax()])} out of range [0, {self.cache.num_pages})")
+        if distinct:
+            live = ids[ids != 0]
+            if np.unique(live).size != live.size:
+                raise SSMStateError(f"{verb}: a page appears twice in page_ids {ids.tolist()}")
+
+    def _pages_in_range(self, page_ids: Tensor) -> Tensor:
+        """``page_ids`` as int64 with every id outside ``[0, num_pages)`` made 0 (skipped); no sync."""
+        p = page_ids.long()
+        return p.masked_fill((p < 0) | (p >= self.cache.num_pages), 0)
 
     def _gather_row_cursors(self, page_ids: Tensor) -> Tensor | None:
         """Gather each row's page cursors (ring_start, num_committed) into the persistent buffer, on the
@@ -494,6 +671,8 @@ class StateManager:
             out = torch.zeros((L, H, P), dtype=g.act_dtype, device=dev)
         else:
             _check_tensor("out", out, (L, H, P), act, dev)
+            _check_no_overlap(out, {"x": x, "dt": dt, "B": B, "C": C, "A": A, "D": D, "dt_bias": dt_bias, "z": z})
+        self._check_A(layer, A)
         self._A[layer] = A
         y = self.backend.verify(self.cache, layer, plan, x, dt, A, B, C, D, dt_bias, z, out)
         plan.verified_layers.add(layer)
@@ -526,6 +705,7 @@ class StateManager:
             out = torch.zeros((L, Dc), dtype=xBC.dtype, device=dev)
         else:
             _check_tensor("out", out, (L, Dc), (xBC.dtype,), dev)
+            _check_no_overlap(out, {"xBC": xBC, "weight": weight, "bias": bias})
         y = self.backend.conv(self.cache, layer, plan, xBC, weight, bias, activation, out)
         plan.conv_layers.add(layer)
         return y
@@ -533,9 +713,10 @@ class StateManager:
     def commit(self, plan: StepPlan, num_accepted: int | Sequence[int] | Tensor) -> None:
         """Commit how many tokens of each row were accepted (bonus token included).
 
-        ``num_accepted``: one count per request (or per row, padding included);
-        ``0 <= a <= q`` (``a = 0`` rolls the whole window back; the native scheme
-        needs ``a >= 1``). A list or CPU tensor is checked on the host and a bad
+        ``num_accepted``: one count per request (or per row, padding included), or one int
+        (numpy integers too) for every request; ``0 <= a <= q`` (``a = 0`` rolls the whole window back;
+        the native scheme needs ``a >= 1`` once a layer was verified). A list or CPU tensor is checked on the
+        host and a bad
         value raises with nothing changed. A device tensor is checked on the
         device without a sync: a bad batch is rolled back as a whole and
         :meth:`raise_device_errors` raises later.
@@ -549,7 +730,14 @@ class StateManager:
         if len(plan.conv_layers) not in (0, self.num_layers):
             missing = sorted(set(range(self.num_layers)) - plan.conv_layers)
             raise LifecycleError(f"commit: layers {missing} did not run their conv in step {plan.step_id}")
-        low = 1 if self.layout.scheme == "native" else 0
+        native = self.layout.scheme == "native"
+        if native and verified == 0 and plan.conv_layers and max(plan.num_tokens) > self.layout.spec.num_speculative_tokens:
+            raise LifecycleError(
+                f"rollback: the native conv window ({self.layout.conv_width} columns) lost the oldest history column "
+                f"to a row of T={self.layout.spec.num_tokens} tokens in step {plan.step_id}; verify every layer and "
+                f"commit a >= 1 (the replay layout's wider window rolls any step back)"
+            )
+        low = 1 if native and verified else 0  # a native verify overwrote its source state
         device_counts: Tensor | None = None
         if plan.external and not (isinstance(num_accepted, torch.Tensor) and num_accepted.dtype == torch.int32
                                   and num_accepted.dim() == 1 and num_accepted.shape[0] == rows
@@ -565,10 +753,13 @@ class StateManager:
         else:
             if isinstance(num_accepted, torch.Tensor):
                 counts = num_accepted.numpy()
-            elif isinstance(num_accepted, int) and not isinstance(num_accepted, bool):
-                counts = np.full((n,), num_accepted)
+            elif _is_int(num_accepted):
+                counts = np.full((n,), int(num_accepted))  # type: ignore[call-overload]
             else:
-                counts = np.asarray(num_accepted)
+                try:
+                    counts = np.asarray(num_accepted)
+                except (ValueError, TypeError):  # ragged nesting
+                    counts = np.asarray(None)
             if counts.ndim != 1 or counts.dtype.kind not in "iu":
                 raise SSMStateError(f"num_accepted must be a 1-D sequence of ints, got {num_accepted!r:.200}")
             if counts.shape[0] not in (n, rows):
@@ -589,16 +780,29 @@ class StateManager:
             device_counts = self._t_acc[:rows]
             if not self._on_cpu:
                 device_counts = self._accepted_buf[:rows].copy_(device_counts)
-        if verified == 0 and plan.external:
-            p = plan.page_ids.long()
-            pending = self.cache.pending
-            pending[p] = torch.where(plan.page_ids != 0, torch.zeros_like(pending[p]), pending[p])
-        elif verified == 0:
-            # Nothing was appended or flushed: clearing `pending` is the whole rollback.
-            self.cache.pending.index_fill_(0, plan.page_ids[:n].long(), 0)
+        if verified == 0:
+            self._rollback_unverified(plan)
         else:
             self.backend.commit(self.cache, plan, device_counts, bool(plan.conv_layers), self.error_flag)
         self._close(plan)
+
+    def _rollback_unverified(self, plan: StepPlan) -> None:
+        """Roll back a step no layer verified: nothing was appended or flushed, so clearing ``pending`` is the
+        whole rollback, unless the conv ran: it moved every window by the row's ``q`` columns, and
+        ``conv_shift = q`` (the commit rule with ``a = 0``) puts the history back where it was."""
+        cache = self.cache
+        if plan.external:  # on the device, no sync; padding rows write page 0's own values back
+            pids = plan.page_ids
+            p, live = pids.long(), pids != 0
+            q = cache.pending[p]
+            if plan.conv_layers:
+                cache.conv_shift[p] = torch.where(live, q, cache.conv_shift[p])
+            cache.pending[p] = torch.where(live, torch.zeros_like(q), q)
+            return
+        p = plan.page_ids[: plan.num_requests].long()
+        if plan.conv_layers:
+            cache.conv_shift.index_copy_(0, p, cache.pending.index_select(0, p))
+        cache.pending.index_fill_(0, p, 0)
 
     def rollback(self, plan: StepPlan) -> None:
         """Commit 0 accepted tokens for every row: the state is as before ``begin_step``."""
@@ -624,8 +828,9 @@ class StateManager:
 
     # -- materialize / preempt / resume -------------------------------------------
     def materialize(self, request_ids: Sequence[RequestId]) -> None:
-        """Fold every committed ring row into the checkpoint (``c = 0``) for these requests."""
-        reqs = [self._idle(rid, "materialize") for rid in request_ids]
+        """Fold every committed ring row into the checkpoint (``c = 0``) for these requests (each once)."""
+        ids, _ = _request_ids(request_ids, "materialize")
+        reqs = [self._idle(rid, "materialize") for rid in ids]
         if self.layout.scheme == "native" or not reqs:
             return
         self._fold_pages(torch.tensor([r.pages[0] for r in reqs], dtype=torch.int32, device=self.device))
@@ -639,7 +844,7 @@ class StateManager:
             if A is not None:
                 self.backend.materialize(self.cache, layer, A, pages)
         ref.replay_reset_cursors(self.cache.ring_start, self.cache.num_committed, pages,
-                                 self.layout.spec.ring_len)
+                                 self.layout.spec.ring_len, window=self.layout.spec.window)
 
     def materialize_pages(self, page_ids: Tensor) -> None:
         """:meth:`materialize` by page, for engines that own the pages (0 entries are skipped).
@@ -649,16 +854,24 @@ class StateManager:
         through :meth:`verify`). Rows with nothing committed are left as they are.
 
         Args:
-            page_ids: (n,) int32 on the manager's device.
+            page_ids: (n,) int32 on the manager's device. A page listed more than once is folded once. On a
+                CPU device an id outside ``[0, num_pages)`` is refused; on a GPU (no sync) it is skipped.
         """
-        if self._open is not None:
-            raise LifecycleError(f"materialize_pages: step {self._open.step_id} is still open")
         if not isinstance(page_ids, torch.Tensor) or page_ids.dtype != torch.int32 or page_ids.dim() != 1 \
                 or page_ids.device != self.device:
             raise ShapeError(f"page_ids must be a 1-D int32 tensor on {self.device}")
+        if self._open is not None:
+            raise LifecycleError(f"materialize_pages: step {self._open.step_id} is still open")
+        if self._on_cpu:
+            self._check_host_pages(page_ids, "materialize_pages")
         if self.layout.scheme == "native" or page_ids.numel() == 0:
             return
-        self._fold_pages(page_ids)
+        # each page once (folding a page twice would apply its rows twice, and two programs would race on it):
+        # sorted, every repeat made 0 (skipped); no sync
+        pages, _ = torch.sort(self._pages_in_range(page_ids))
+        repeat = torch.zeros_like(pages, dtype=torch.bool)
+        repeat[1:] = pages[1:] == pages[:-1]
+        self._fold_pages(pages.masked_fill(repeat, 0).to(torch.int32))
 
     def preempt(self, request_id: RequestId) -> SavedState:
         """Copy the request's pages and cursors to the host and free its pages."""
@@ -672,19 +885,72 @@ class StateManager:
         return saved
 
     def resume(self, request_id: RequestId, saved: SavedState) -> int:
-        """Admit ``request_id`` again and restore ``saved`` bit for bit; return its (first) page."""
+        """Admit ``request_id`` again and restore ``saved`` bit for bit; return its (first) page.
+
+        ``saved`` is checked whole before a page is allocated (layout, layer count, every tensor's name, shape
+        and dtype, the cursors' shape and ranges); every tensor and cursor of the page is then overwritten, so
+        nothing of the page's previous owner remains. A refused or failing resume leaves the pool as it was.
+        """
+        _check_hashable(request_id, "resume")
         if not isinstance(saved, SavedState):
             raise SSMStateError(f"resume needs a SavedState, got {type(saved).__name__}")
         if saved.layout != self.layout:
             raise SSMStateError("resume: the saved state was taken with a different layout")
         if request_id in self._requests:
             raise LifecycleError(f"request {request_id!r} is already admitted")
+        self._check_saved(saved)
         pages = self.pool.allocate(self.layout.pages_per_request)
-        idx = torch.tensor(pages, dtype=torch.long, device=self.device)
-        for layer, saved_layer in zip(self.cache.layers, saved.tensors):
-            for name, t in layer.items():
-                t.index_copy_(0, idx, saved_layer[name].to(self.device))
-        self.cache.cursors.index_copy_(1, idx, saved.cursors.to(self.device))
+        try:
+            idx = torch.tensor(pages, dtype=torch.long, device=self.device)
+            for layer, saved_layer in zip(self.cache.layers, saved.tensors):
+                for name, t in layer.items():
+                    t.index_copy_(0, idx, saved_layer[name].to(self.device))
+            self.cache.cursors.index_copy_(1, idx, saved.cursors.to(self.device))
+        except BaseException:
+            self.pool.free(pages)  # free pages hold no one's state: admit zeroes them
+            raise
         self._requests[request_id] = _Request(pages)
         self._first_page[request_id] = pages[0]
         return pages[0]
+
+    def _check_saved(self, saved: SavedState) -> None:
+        """``ShapeError``/``SSMStateError`` unless ``saved`` holds exactly this layout's tensors and in-range
+        cursors."""
+        layout, ppr = self.layout, self.layout.pages_per_request
+        layers = saved.tensors
+        if not isinstance(layers, (tuple, list)):
+            raise ShapeError(f"resume: saved tensors must be a tuple of per-layer dicts, got {type(layers).__name__}")
+        if len(layers) != self.num_layers:
+            raise ShapeError(f"resume: the saved state has {len(layers)} layers, the layout has {self.num_layers}")
+        names = {spec.name for spec in layout.tensors}
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, _MappingABC):
+                raise ShapeError(f"resume: saved layer {i} must be a dict of tensors, got {type(layer).__name__}")
+            if set(layer) != names:
+                missing, extra = sorted(names - set(layer)), sorted(map(repr, set(layer) - names))
+                raise ShapeError(f"resume: saved layer {i} lacks tensors {missing} / has unknown tensors {extra}")
+            for spec in layout.tensors:
+                t = layer[spec.name]
+                want = (ppr, *spec.shape)
+                if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != spec.dtype:
+                    got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+                    raise ShapeError(f"resume: saved layer {i} {spec.name} is {got}, expected {want} {spec.dtype}")
+        cur = saved.cursors
+        if not isinstance(cur, torch.Tensor) or cur.dtype != torch.int32 or tuple(cur.shape) != (CURSORS_PER_PAGE, ppr):
+            got = f"{tuple(cur.shape)} {cur.dtype}" if isinstance(cur, torch.Tensor) else type(cur).__name__
+            raise ShapeError(f"resume: saved cursors are {got}, expected ({CURSORS_PER_PAGE}, {ppr}) int32")
+        spec, k = layout.spec, self.geometry.conv_kernel
+        shift_max = layout.conv_width - (k - 1)
+        if layout.scheme == "replay":
+            bounds = (("ring_start", 0, spec.ring_len - 1), ("num_committed", 0, spec.window), ("pending", 0, 0),
+                      ("conv_shift", 0, shift_max))
+        else:
+            bounds = (("state_slot", 0, ppr - 1), ("the spare cursor", 0, 0), ("pending", 0, 0),
+                      ("conv_shift", 0, shift_max))
+        values = cur.cpu()
+        for row, (name, lo, hi) in enumerate(bounds):
+            v = values[row]
+            bad = (v < lo) | (v > hi)
+            if bool(bad.any()):
+                raise SSMStateError(f"resume: saved cursor {name} = {int(v[bad][0])} out of range [{lo}, {hi}] "
+                                    f"(a preempted request is idle: nothing pending)")

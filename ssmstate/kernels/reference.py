@@ -14,6 +14,10 @@ Conventions shared by every backend (docs/design.md has the layout, the math and
 * ``dt`` enters raw; the kernels apply ``softplus(dt + dt_bias)`` (threshold 20)
   and the rings store the processed fp32 value.
 * All math is fp32; every decay exponent is clamped to ``<= 0``.
+* Cursors are read clamped (:func:`clamp_ring_cursors`, :func:`clamp_conv_shift`): ``ring_start`` to
+  ``[0, R)``, ``num_committed`` to ``[0, W]``, ``pending`` and ``conv_shift`` to ``[0, T]``. Cursors the
+  manager wrote are always in range and pass unchanged; a corrupted one (written straight into the cursor
+  tensor) can then never make a kernel touch another page, and every backend reads it the same way.
 """
 
 from __future__ import annotations
@@ -102,6 +106,24 @@ def _finish(y: Tensor, x: Tensor, D: Tensor | None, z: Tensor | None) -> Tensor:
     return y
 
 
+def clamp_ring_cursors(ring_start: Tensor, num_committed: Tensor, window: int,
+                       ring_len: int) -> tuple[Tensor, Tensor]:
+    """``ring_start`` clamped to ``[0, R)`` and ``num_committed`` to ``[0, W]``, as every kernel reads them."""
+    return ring_start.clamp(0, ring_len - 1), num_committed.clamp(0, window)
+
+
+def clamp_conv_shift(conv_shift: Tensor | int, width: int, kernel: int) -> Tensor | int:
+    """``conv_shift`` clamped to ``[0, width - (kernel - 1)]`` (``[0, T]`` on the replay layout)."""
+    hi = width - (kernel - 1)
+    if isinstance(conv_shift, Tensor):
+        return conv_shift.clamp(0, hi)
+    return min(max(int(conv_shift), 0), hi)
+
+
+def _clamp(v: int, lo: int, hi: int) -> int:
+    return min(max(int(v), lo), hi)
+
+
 def _ring_rows(start: int, count: int, R: int, device: torch.device) -> Tensor:
     return (start + torch.arange(count, device=device)) % R
 
@@ -165,8 +187,8 @@ def replay_verify(
         q = hi - lo
         if p == 0 or q == 0:
             continue
-        c = int(num_committed[p])
-        rs = int(ring_start[p])
+        c = _clamp(num_committed[p], 0, window)
+        rs = _clamp(ring_start[p], 0, R - 1)
         dtp = process_dt(dt[lo:hi], dt_bias, dt_softplus)
         hist = _ring_rows(rs, c, R, dev)
         hx = x_ring[p][:, hist].transpose(0, 1)  # (c, H, P)
@@ -238,6 +260,7 @@ def replay_commit(
     ``flushed = c + q > W``; if flushed ``ring_start += c (mod R); c = a`` else
     ``c += a``; ``pending = 0``; ``conv_shift = q - a`` when the conv ran.
 
+    Cursors are read clamped (``q`` to ``[0, T]``, see the module notes) and written back in range.
     If any row has ``a < 0`` or ``a > q``, the whole step is rolled back instead
     (every row commits 0, which is always safe) and ``error_flag`` is set to 1; the
     host raises when it next looks.
@@ -266,16 +289,16 @@ def _replay_commit_torch(ring_start: Tensor, num_committed: Tensor, pending: Ten
     """:func:`replay_commit` as torch ops on any device, without a host sync."""
     valid = page_ids != 0
     p = page_ids.long()
-    q = pending[p]
-    c = num_committed[p]
-    rs = ring_start[p]
+    q = pending[p].clamp(0, ring_len - window)
+    rs, c = clamp_ring_cursors(ring_start[p], num_committed[p], window, ring_len)
     a = num_accepted.to(torch.int32)
     ok = ~(valid & ((a < 0) | (a > q))).any()
     a = torch.where(ok, a, torch.zeros_like(a))
     flushed = (c + q) > window
-    ring_start[p] = torch.where(valid & flushed, (rs + c) % ring_len, rs)
-    num_committed[p] = torch.where(valid, torch.where(flushed, a, c + a), c)
-    pending[p] = torch.where(valid, torch.zeros_like(q), q)
+    # a live row's cursors are written back clamped; a padding row's (page 0's) are written back as they were
+    ring_start[p] = torch.where(valid, torch.where(flushed, (rs + c) % ring_len, rs), ring_start[p])
+    num_committed[p] = torch.where(valid, torch.where(flushed, a, c + a), num_committed[p])
+    pending[p] = torch.where(valid, torch.zeros_like(q), pending[p])
     if update_conv:
         conv_shift[p] = torch.where(valid, q - a, conv_shift[p])
     error_flag |= (~ok).to(torch.int32)
@@ -290,13 +313,13 @@ def _replay_commit_host(ring_start: np.ndarray, num_committed: np.ndarray, pendi
         p, a = page_ids, num_accepted
     else:
         p, a = page_ids[valid], num_accepted[valid]
-    q = pending[p]
-    c = num_committed[p]
+    q = np.clip(pending[p], 0, ring_len - window)
+    c = np.clip(num_committed[p], 0, window)
     if (a > q).any() or (a < 0).any():
         a = np.zeros_like(a)
         error_flag[0] |= 1
     flushed = c + q > window
-    ring_start[p] = (ring_start[p] + c * flushed) % ring_len
+    ring_start[p] = (np.clip(ring_start[p], 0, ring_len - 1) + c * flushed) % ring_len
     num_committed[p] = a + c * ~flushed
     pending[p] = 0
     if update_conv:
@@ -312,6 +335,7 @@ def replay_materialize(
     num_committed: Tensor,
     A: Tensor,
     page_ids: Tensor,
+    window: int | None = None,
 ) -> None:
     """Fold the committed rows of each page into its checkpoint, for one layer.
 
@@ -321,40 +345,48 @@ def replay_materialize(
     Args:
         checkpoint: (pages, H, P, N). rings as in :func:`replay_verify`.
         A: (H,) fp32. page_ids: (rows,) int32, 0 = skip.
+        window: W, the bound ``num_committed`` is read clamped to (``R`` if None).
     """
     R = x_ring.shape[2]
+    W = R if window is None else window
     for p in page_ids.tolist():
         if p == 0:
             continue
-        c = int(num_committed[p])
+        c = _clamp(num_committed[p], 0, W)
         if c == 0:
             continue
-        rows = _ring_rows(int(ring_start[p]), c, R, x_ring.device)
+        rows = _ring_rows(_clamp(ring_start[p], 0, R - 1), c, R, x_ring.device)
         S = fold(checkpoint[p].float(), x_ring[p][:, rows].transpose(0, 1),
                  B_ring[p][:, rows].transpose(0, 1), dt_ring[p][:, rows].transpose(0, 1), A.float())
         checkpoint[p] = S.to(checkpoint.dtype)
 
 
-def replay_reset_cursors(ring_start: Tensor, num_committed: Tensor, page_ids: Tensor, ring_len: int) -> None:
-    """After a materialize of every layer: ``ring_start += c (mod R)``, ``c = 0``."""
+def replay_reset_cursors(ring_start: Tensor, num_committed: Tensor, page_ids: Tensor, ring_len: int,
+                         window: int | None = None) -> None:
+    """After a materialize of every layer: ``ring_start += c (mod R)``, ``c = 0`` (cursors read clamped, ``c`` to
+    ``[0, window]``, ``[0, R]`` if None)."""
     valid = page_ids != 0
     p = page_ids.long()
-    rs, c = ring_start[p], num_committed[p]
-    ring_start[p] = torch.where(valid, (rs + c) % ring_len, rs)
-    num_committed[p] = torch.where(valid, torch.zeros_like(c), c)
+    rs, c = clamp_ring_cursors(ring_start[p], num_committed[p], ring_len if window is None else window, ring_len)
+    ring_start[p] = torch.where(valid, (rs + c) % ring_len, ring_start[p])
+    num_committed[p] = torch.where(valid, torch.zeros_like(c), num_committed[p])
 
 
 def replay_read_state(
     checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring: Tensor,
-    ring_start: Tensor, num_committed: Tensor, A: Tensor | None, page: int,
+    ring_start: Tensor, num_committed: Tensor, A: Tensor | None, page: int, window: int | None = None,
 ) -> Tensor:
-    """(H, P, N) fp32 state of ``page`` with its committed rows applied; changes nothing."""
-    c = int(num_committed[page])
+    """(H, P, N) fp32 state of ``page`` with its committed rows applied; changes nothing (``num_committed`` read
+    clamped to ``[0, window]``, ``[0, R]`` if None)."""
+    R = x_ring.shape[2]
+    c = _clamp(num_committed[page], 0, R if window is None else window)
     S = checkpoint[page].float()
     if c == 0:
         return S
-    assert A is not None
-    rows = _ring_rows(int(ring_start[page]), c, x_ring.shape[2], x_ring.device)
+    if A is None:
+        from ssmstate.errors import LifecycleError
+        raise LifecycleError(f"page {page} has {c} committed rows but no A was given")
+    rows = _ring_rows(_clamp(ring_start[page], 0, R - 1), c, R, x_ring.device)
     return fold(S, x_ring[page][:, rows].transpose(0, 1), B_ring[page][:, rows].transpose(0, 1),
                 dt_ring[page][:, rows].transpose(0, 1), A.float())
 
@@ -381,7 +413,7 @@ def conv_update(
 
     Args:
         conv_window: (pages, conv_dim, width) conv dtype, updated in place.
-        conv_shift: (pages,) int32 cursor, read only.
+        conv_shift: (pages,) int32 cursor, read only (clamped to ``[0, width - (k - 1)]``).
         xBC: (tokens, conv_dim). weight: (conv_dim, k); the last column multiplies
             the current token. bias: (conv_dim,) or None.
         page_ids: (rows,) int32, 0 = padding. cu_seqlens: (rows + 1,) int32.
@@ -396,8 +428,7 @@ def conv_update(
         q = hi - lo
         if p == 0 or q == 0:
             continue
-        s = int(conv_shift[p])
-        end = width - s
+        end = width - clamp_conv_shift(conv_shift[p], width, k)
         hist = conv_window[p][:, end - (k - 1): end].float()  # (D, k-1)
         seq = torch.cat([hist, xBC[lo:hi].float().transpose(0, 1)], dim=1)  # (D, k-1+q)
         win = seq.unfold(1, k, 1)  # (D, q, k)
@@ -448,7 +479,7 @@ def native_verify(
         lo, hi = cu[r], cu[r + 1]
         if row[0] == 0 or hi == lo:
             continue
-        S = state[row[int(state_slot[row[0]])]].float()
+        S = state[row[_clamp(state_slot[row[0]], 0, len(row) - 1)]].float()
         dtp = process_dt(dt[lo:hi], dt_bias, dt_softplus)
         ys = []
         for i in range(hi - lo):

@@ -121,4 +121,5 @@ class TritonBackend:
     def materialize(self, cache: StateCache, layer: int, A: Tensor, page_ids: Tensor) -> None:
         t = cache.layers[layer]
         _kernels()[0].replay_materialize(t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"],
-                                         cache.ring_start, cache.num_committed, A, page_ids)
+                                         cache.ring_start, cache.num_committed, A, page_ids,
+                                         window=cache.layout.spec.window)

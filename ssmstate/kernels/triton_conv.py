@@ -42,7 +42,7 @@ def _conv_update_kernel(
     if (page != 0) & (q > 0):
         offs_d = pid * BLOCK_D + tl.arange(0, BLOCK_D).to(tl.int64)
         md = offs_d < Dc
-        shift = tl.load(shift_ptr + page)
+        shift = tl.minimum(tl.maximum(tl.load(shift_ptr + page), 0), TMAX)  # a corrupted cursor stays in the window
         end = (width - shift).to(tl.int64)
         # sequence columns l: l < KW are history (window columns end-KW+l), then the q inputs
         ll = tl.arange(0, BLOCK_L).to(tl.int64)
@@ -93,7 +93,7 @@ def conv_update(
     Args:
         conv_window: (pages, conv_dim, width) conv dtype, updated in place; ``width - (k - 1)``
             is the longest row it accepts (T on the replay layout).
-        conv_shift: (pages,) int32 cursor, read only.
+        conv_shift: (pages,) int32 cursor, read only (clamped to ``[0, width - (k - 1)]``, as the reference).
         xBC: (tokens, conv_dim) float. weight: (conv_dim, k) float; the last column
             multiplies the current token. bias: (conv_dim,) or None.
         page_ids: (rows,) int32, 0 = padding. cu_seqlens: (rows + 1,) int32.

@@ -97,6 +97,14 @@ def _tf32_split(v):
 
 
 @triton.jit
+def _safe_cursors(c, rs, window, R):
+    """A page's ``num_committed`` clamped to ``[0, W]`` and ``ring_start`` to ``[0, R)``: four integer ops on
+    cursors loaded once per program. Cursors the manager wrote pass unchanged; a corrupted one can never index a
+    ring row outside the page (the reference reads them the same way: ``reference.clamp_ring_cursors``)."""
+    return tl.minimum(tl.maximum(c, 0), window), tl.minimum(tl.maximum(rs, 0), R - 1)
+
+
+@triton.jit
 def _wrap(i, R):
     """``i % R`` for ``0 <= i < 3R`` (ring rows): two selects instead of an integer division."""
     i = tl.where(i >= R, i - R, i)
@@ -459,8 +467,7 @@ def _replay_verify_kernel(
             S = tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
         else:
             S = _load_tile(ck_page, h0, s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
-        c = tl.load(nc_ptr + page)
-        rs = tl.load(rs_ptr + page)
+        c, rs = _safe_cursors(tl.load(nc_ptr + page), tl.load(rs_ptr + page), window, R)
         if GDC:  # a programmatic dependent (pdl=True): the step's inputs only after the kernel before has ended
             _pdl_wait()
         kk = tl.arange(0, BLOCK_K)
@@ -849,17 +856,17 @@ def _tma_program(
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
     if ROWCUR:  # the row's cursors, gathered once per step: in the page id's round trip, not one after it
-        c_row = tl.load(rc_ptr + s_rc_k + row * s_rc_r)
-        rs_row = tl.load(rc_ptr + row * s_rc_r)
+        c_row, rs_row = _safe_cursors(tl.load(rc_ptr + s_rc_k + row * s_rc_r), tl.load(rc_ptr + row * s_rc_r),
+                                      window, R)
     keep = (page32 != 0) & (q > 0)
-    if ROWCUR:  # cursors are never negative: the test only keeps the compiler from sinking their loads past
-        # this branch (behind the page id's round trip, which is what they are here to avoid)
+    if ROWCUR:  # clamped cursors are never negative (W, R >= 1): the test only keeps the compiler from sinking
+        # their loads past this branch (behind the page id's round trip, which is what they are here to avoid)
         keep = keep & ((c_row | rs_row) >= 0)
     if ROUTE != 0:  # one route's rows only: the other's exit after their cursor (without ROWCUR, one more round trip)
         if ROWCUR:
             c_route = c_row
         else:
-            c_route = tl.load(nc_ptr + page32.to(tl.int64), mask=keep, other=0)
+            c_route = tl.minimum(tl.maximum(tl.load(nc_ptr + page32.to(tl.int64), mask=keep, other=0), 0), window)
         keep = keep & ((c_route + q > window) == (ROUTE == 2))
     if keep:
         ck_row0 = (page32 * H + h0_32) * P + pt * BLOCK_P  # the first head's tile row in the (pages * H * P, N) view
@@ -904,8 +911,7 @@ def _tma_program(
             c = c_row
             rs = rs_row
         else:
-            c = tl.load(nc_ptr + page)
-            rs = tl.load(rs_ptr + page)
+            c, rs = _safe_cursors(tl.load(nc_ptr + page), tl.load(rs_ptr + page), window, R)
         _stamp(trace, slot + 1, c + rs, TRACE)
         # KSPLIT: a non-flush row's sequence is at most W rows (c + q <= W), so its build takes a tile of BLOCK_KN
         # rows, not the ring's BLOCK_K: each route its own build (one launch for both routes: a branch on the route)
@@ -990,6 +996,7 @@ def _verify_tma_kernel(
             cv = tl.load(rc_ptr + s_rc_k + ridx * s_rc_r, mask=live, other=0)
         else:
             cv = tl.load(nc_ptr + pg.to(tl.int64), mask=live, other=0)
+        cv = tl.minimum(tl.maximum(cv, 0), window)  # as _tma_program reads it (_safe_cursors)
         sel = live & ((cv + qv > window) == (ROUTE == 2))
         one = sel.to(tl.int32)
         _stamp(trace, 1, tl.sum(one, axis=0), TRACE)
@@ -1073,7 +1080,7 @@ def _verify_tma_kernel(
 @triton.jit
 def _replay_materialize_kernel(
     ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, A_ptr, page_ptr,
-    R, P, N,
+    window, R, P, N,
     s_ck_pg, s_ck_h, s_ck_p, s_ck_n,
     s_xr_pg, s_xr_h, s_xr_r, s_xr_p,
     s_Br_pg, s_Br_g, s_Br_r, s_Br_n,
@@ -1087,9 +1094,8 @@ def _replay_materialize_kernel(
     pt = pid % NPT
     page = tl.load(page_ptr + row).to(tl.int64)
     if page != 0:
-        c = tl.load(nc_ptr + page)
+        c, rs = _safe_cursors(tl.load(nc_ptr + page), tl.load(rs_ptr + page), window, R)
         if c > 0:
-            rs = tl.load(rs_ptr + page)
             g = h // HPG
             A = tl.load(A_ptr + h).to(tl.float32)
             offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P).to(tl.int64)
@@ -1115,20 +1121,20 @@ def _replay_materialize_kernel(
 
 
 @triton.jit
-def _commit_rows(page_ptr, acc_ptr, pend_ptr, offs, rows, n_acc):
+def _commit_rows(page_ptr, acc_ptr, pend_ptr, offs, rows, n_acc, window, R):
     """Page, validity, accepted count and pending count of the batch rows ``offs``."""
     page = tl.load(page_ptr + offs, mask=offs < rows, other=0)
     valid = page != 0
     a = tl.load(acc_ptr + offs, mask=valid & (offs < n_acc), other=0)
-    q = tl.load(pend_ptr + page, mask=valid, other=0)
+    q = tl.minimum(tl.maximum(tl.load(pend_ptr + page, mask=valid, other=0), 0), R - window)  # [0, T]
     return page, valid, a, q
 
 
 @triton.jit
 def _commit_apply(rs_ptr, nc_ptr, pend_ptr, cs_ptr, page, valid, a, q, ok, window, R, UPDATE_CONV: tl.constexpr):
     a = tl.where(ok, a, 0)
-    c = tl.load(nc_ptr + page, mask=valid, other=0)
-    rs = tl.load(rs_ptr + page, mask=valid, other=0)
+    c, rs = _safe_cursors(tl.load(nc_ptr + page, mask=valid, other=0), tl.load(rs_ptr + page, mask=valid, other=0),
+                          window, R)
     flushed = (c + q) > window
     tl.store(rs_ptr + page, tl.where(flushed, (rs + c) % R, rs), mask=valid)
     tl.store(nc_ptr + page, tl.where(flushed, a, c + a), mask=valid)
@@ -1145,19 +1151,19 @@ def _replay_commit_kernel(
 ):
     # One program: the whole batch is checked before any cursor moves.
     if NUM_CHUNKS == 1:  # the batch fits one block: load once
-        page, valid, a, q = _commit_rows(page_ptr, acc_ptr, pend_ptr, tl.arange(0, BLOCK), rows, n_acc)
+        page, valid, a, q = _commit_rows(page_ptr, acc_ptr, pend_ptr, tl.arange(0, BLOCK), rows, n_acc, window, R)
         ok = tl.sum((valid & ((a < 0) | (a > q))).to(tl.int32), axis=0) == 0
         _commit_apply(rs_ptr, nc_ptr, pend_ptr, cs_ptr, page, valid, a, q, ok, window, R, UPDATE_CONV)
     else:
         bad = tl.zeros((BLOCK,), dtype=tl.int32)
         for chunk in tl.static_range(NUM_CHUNKS):
             offs = chunk * BLOCK + tl.arange(0, BLOCK)
-            page, valid, a, q = _commit_rows(page_ptr, acc_ptr, pend_ptr, offs, rows, n_acc)
+            page, valid, a, q = _commit_rows(page_ptr, acc_ptr, pend_ptr, offs, rows, n_acc, window, R)
             bad += (valid & ((a < 0) | (a > q))).to(tl.int32)
         ok = tl.sum(bad, axis=0) == 0
         for chunk in tl.static_range(NUM_CHUNKS):
             offs = chunk * BLOCK + tl.arange(0, BLOCK)
-            page, valid, a, q = _commit_rows(page_ptr, acc_ptr, pend_ptr, offs, rows, n_acc)
+            page, valid, a, q = _commit_rows(page_ptr, acc_ptr, pend_ptr, offs, rows, n_acc, window, R)
             _commit_apply(rs_ptr, nc_ptr, pend_ptr, cs_ptr, page, valid, a, q, ok, window, R, UPDATE_CONV)
     err = tl.load(err_ptr)
     tl.store(err_ptr, err | tl.where(ok, 0, 1))
@@ -1785,11 +1791,13 @@ def replay_materialize(
     A: Tensor,
     page_ids: Tensor,
     config: dict[str, Any] | None = None,
+    window: int | None = None,
 ) -> None:
     """Fold each page's committed rows into its checkpoint, one layer (see :func:`reference.replay_materialize`).
 
     Cursors are not touched. Args as in :func:`replay_verify`; ``A``: (H,) float;
-    ``page_ids``: (rows,) int32, 0 = skip.
+    ``page_ids``: (rows,) int32, 0 = skip; ``window``: W, the bound ``num_committed`` is read clamped to
+    (``R`` if None).
     """
     pages, H, P, N = checkpoint.shape
     R = x_ring.shape[2]
@@ -1803,7 +1811,7 @@ def replay_materialize(
     NPT = triton.cdiv(P, BLOCK_P)
     _replay_materialize_kernel[(H * NPT, rows)](
         checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, A, page_ids,
-        R, P, N,
+        R if window is None else window, R, P, N,
         *checkpoint.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(),
         NPT=NPT, HPG=H // G, BLOCK_P=BLOCK_P, BLOCK_N=_pow2(N), BLOCK_K=_pow2(R),
         FOLD_PREC=_dot_prec(dev)[1], num_warps=cfg["num_warps"],
