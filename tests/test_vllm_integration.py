@@ -766,3 +766,32 @@ def test_real_mixer_layers_decode_through_ssmstate(vllm_mod, tmp_path):
     assert flushes > 0 and pads > 0 and reused > 0
     for rid in list(active):
         mgr.free(rid)
+
+
+# -- vLLM's real prefill kernels and ssmstate on the same pages ----------------------------------------
+
+@pytest.mark.parametrize("backend,layout,K", [("reference", "DS", 3), ("triton", "SD", 3), ("reference", "SD", 0)])
+def test_real_prefill_kernels_hand_over_to_ssmstate(backend, layout, K):
+    """vLLM's ``causal_conv1d_fn`` and chunked scan (interpreted) write prefills into our pages, ssmstate's
+    conv + verify continue them, and back: every output row matches the serial oracle, through fresh
+    prefills on garbage pages, continuing chunks, one-token decode-row tails, recomputed requests,
+    recycled blocks, both conv layouts, K = 0, and dry double forwards on the null block that leave
+    every page and cursor as they were. A fresh process: vLLM decides at import whether Triton is usable."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SSMSTATE_VLLM")}
+    proc = subprocess.run([sys.executable, str(root / "tests" / "vllm_engine" / "prefill_handover.py"),
+                           "--backend", backend, "--layout", layout, "--K", str(K)],
+                          capture_output=True, text=True, env=env, timeout=900)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+    got = json.loads(lines[-1])
+    print(got)
+    assert got["worst_abs_err"] < 1e-3
+    for key in ("fresh_prefill", "continuing_prefill", "prefill_after_one_token_decode_row", "mixed_steps",
+                "recycled_blocks", "dry_double_forwards"):
+        assert got[key] > 0, (key, got)
+    if K:
+        assert got["verify_rows"] > 0
