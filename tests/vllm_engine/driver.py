@@ -62,7 +62,7 @@ def plan(workdir: Path) -> list[dict]:
                  "prompts": _prompts(3, [40, 45, 42, 38, 44, 41, 39, 43])},
             ],
         },
-        {"name": "triton-K3", "model": "random", "backend": "triton", "K": 3, **sched, "cases": [whole, chunked]},
+        {"name": "triton-K3", "model": "random", "backend": "triton", "K": 3, **sched, "cases": [chunked]},
         {"name": "triton-K1-cycle", "model": "cycle", "backend": "triton", "K": 1, **sched, "cases": [drafts_hit]},
         # vLLM's default compilation (enforce_eager off: torch.compile, warm-up forwards on dummy batches).
         {"name": "reference-K3-cycle-compiled", "model": "cycle", "backend": "reference", "K": 3, **sched,

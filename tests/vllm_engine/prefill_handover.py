@@ -81,7 +81,7 @@ def main() -> int:
     ap.add_argument("--backend", default="reference")
     ap.add_argument("--layout", choices=("DS", "SD"), default="DS")
     ap.add_argument("--K", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=14)
+    ap.add_argument("--steps", type=int, default=12)
     args = ap.parse_args()
     os.environ["SSMSTATE_VLLM_BACKEND"] = args.backend
 
