@@ -790,7 +790,8 @@ def test_real_prefill_kernels_hand_over_to_ssmstate(backend, layout, K):
     got = json.loads(lines[-1])
     print(got)
     assert got["worst_abs_err"] < 1e-3
-    for key in ("fresh_prefill", "continuing_prefill", "prefill_after_one_token_decode_row", "mixed_steps",
+    for key in ("fresh_prefill", "continuing_prefill", "prefill_after_one_token_decode_row",
+                "prefill_after_rejected_tail", "mixed_steps",
                 "recycled_blocks", "dry_double_forwards"):
         assert got[key] > 0, (key, got)
     if K:

@@ -9,7 +9,8 @@ Two real ``MambaMixer2`` layers (the plugin's class, built by vLLM's constructor
 Each step's metadata comes from vLLM's ``Mamba2AttentionMetadataBuilder``; ``conv_ssm_forward`` runs
 prefill rows through vLLM's ``causal_conv1d_fn`` and chunked scan (interpreted) and decode / verify rows
 through ssmstate. Covered: fresh prefills on pages and cursors left as garbage by an earlier owner,
-chunked prefills that continue after earlier chunks and after one-token chunks vLLM runs as decode rows,
+chunked prefills that continue after earlier chunks, after one-token chunks vLLM runs as decode rows and
+after verify rows whose rejected tails left ``conv_shift > 0``,
 requests recomputed from scratch after decoding (vLLM's preemption), recycled blocks,
 the conv layout given (``DS``: dim first, ``SD``: state first), K given (0 = plain decode), and dry
 forwards: a dummy / capture batch on vLLM's null block, run twice on the same metadata, that must leave
@@ -202,6 +203,7 @@ def main() -> int:
     active: dict[str, dict] = {}
     seen: set[int] = set()
     saw = {"fresh_prefill": 0, "continuing_prefill": 0, "prefill_after_one_token_decode_row": 0,
+           "prefill_after_verify_rows": 0, "prefill_after_rejected_tail": 0,
            "one_token_decode_rows": 0, "mixed_steps": 0,
            "recycled_blocks": 0, "dry_double_forwards": 0, "verify_rows": 0}
     worst = 0.0
@@ -244,6 +246,15 @@ def main() -> int:
             qs[r] = rng.randint(2, st["prompt"])
             longs.append(r)
             st["recomputed"] = True
+        # Or a decoding request gets more input as a prefill chunk with state (a continuing prefill right
+        # after verify rows, whose rejected tails left the conv history short of the window's end).
+        elif any(int(cursors[3, active[r]["block"]]) for r in decodes) and rng.random() < 0.5:
+            r = next(r for r in decodes if int(cursors[3, active[r]["block"]]))
+            decodes.remove(r)
+            st = active[r]
+            qs[r] = rng.randint(2, 6)
+            st.update(prompt=st["computed"] + qs[r] + rng.randint(0, 3), decoding=False)
+            longs.append(r)
         order = decodes + shorts + longs
         if not order:
             continue
@@ -261,6 +272,8 @@ def main() -> int:
             if st["computed"]:
                 saw["continuing_prefill"] += 1
                 saw["prefill_after_one_token_decode_row"] += st["last"] == "short"
+                saw["prefill_after_verify_rows"] += st["last"] == "decode"
+                saw["prefill_after_rejected_tail"] += int(cursors[3, st["block"]]) > 0
             else:
                 saw["fresh_prefill"] += 1
         saw["one_token_decode_rows"] += len(shorts)
