@@ -58,7 +58,7 @@ def plan(workdir: Path) -> list[dict]:
             "cases": [
                 {**whole, "hf_generate": True},
                 chunked,
-                {"name": "preemption, recycled blocks", "max_tokens": 24,
+                {"name": "preemption, recycled blocks", "max_tokens": 32,
                  "prompts": _prompts(3, [40, 45, 42, 38, 44, 41, 39, 43])},
             ],
         },
