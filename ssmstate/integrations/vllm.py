@@ -65,6 +65,7 @@ from vllm.v1.worker.gpu.model_states.mamba_hybrid import MambaHybridModelState
 from ssmstate.cache import StateCache
 from ssmstate.errors import ConfigError, SSMStateError
 from ssmstate.geometry import Mamba2Geometry
+from ssmstate.integrations.prefill import prefill_conv_view, settle_conv_history
 from ssmstate.layout import CURSORS_PER_PAGE, PageLayout, SpecConfig
 from ssmstate.manager import StateManager
 from ssmstate.plan import StepPlan
@@ -409,54 +410,6 @@ class _GroupState:
     plan: StepPlan | None = None
     #: the open plan belongs to a dummy, profile or capture forward: every row on the null page.
     dry: bool = False
-
-
-def prefill_conv_view(conv: torch.Tensor, conv_kernel: int, dim_first: bool) -> torch.Tensor:
-    """The conv state vLLM's prefill kernels get: the last ``k - 1`` columns of our conv window.
-
-    ``causal_conv1d_fn`` reads a continuing request's history from columns
-    ``0 .. k-2`` of the conv state it is given and writes the history after the
-    chunk there; ssmstate's conv reads the ``k - 1`` columns ending ``conv_shift``
-    before the window's right end. Handing vLLM this view puts both at the same
-    bytes whenever ``conv_shift == 0``, which :func:`settle_conv_history` makes
-    true before every continuing prefill and :meth:`StateManager.reset_cursors`
-    before every fresh one. vLLM transposes an SD-layout conv state back to
-    ``(dim, width)`` itself, so the SD view is the transposed one.
-
-    Args:
-        conv: ``(blocks, conv_dim, k - 1 + T)`` page view. dim_first: vLLM's
-            ``is_conv_state_dim_first()``.
-    """
-    tail = conv[:, :, conv.shape[-1] - (conv_kernel - 1):]
-    return tail if dim_first else tail.transpose(-1, -2)
-
-
-def settle_conv_history(manager: StateManager, page_ids: torch.Tensor) -> None:
-    """Move each page's conv history to the window's last ``k - 1`` columns and set ``conv_shift = 0``.
-
-    The conv analogue of :meth:`StateManager.materialize_pages`: afterwards the
-    history sits where vLLM's prefill kernels read it (:func:`prefill_conv_view`).
-    Device-side gathers at fixed shapes, no host sync; 0 entries (the null page)
-    write their own values back.
-
-    Args:
-        page_ids: (n,) int32 on the manager's device.
-    """
-    cache = manager.cache
-    p = page_ids.long()
-    shift = cache.conv_shift[p]
-    if page_ids.numel() == 0:
-        return
-    k1 = manager.geometry.conv_kernel - 1
-    live = (p != 0)[:, None, None]
-    for layer in cache.layers:
-        conv = layer["conv"]
-        width, dim = conv.shape[-1], conv.shape[-2]
-        cols = (width - k1 - shift.long())[:, None] + torch.arange(k1, device=conv.device)
-        window = conv[p]
-        hist = torch.gather(window, 2, cols[:, None, :].expand(-1, dim, -1))
-        conv[p, :, width - k1:] = torch.where(live, hist, window[:, :, width - k1:])
-    cache.conv_shift[p] = torch.where(p != 0, torch.zeros_like(shift), shift)
 
 
 def plan_from_mamba2_metadata(manager: StateManager, metadata: Any,
