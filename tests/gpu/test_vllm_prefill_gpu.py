@@ -158,8 +158,9 @@ def test_vllm_prefill_kernels_then_ssmstate_verify():
             for li in range(L):
                 xBC, dt, C = rnd(n, Dc), rnd(n, H), rnd(n, G, N)
                 conv_state = prefill_conv_view(views[li]["conv"], k, True)
-                conv_out = causal_conv1d_fn(xBC.t(), w[li], b[li], conv_states=conv_state, query_start_loc=cu_t, cache_indices=pages, has_initial_state=has_state,
-                                            activation="silu", metadata=_conv_metadata(cu, dev)).t()
+                conv_out = causal_conv1d_fn(xBC.t(), w[li], b[li], conv_states=conv_state, query_start_loc=cu_t,
+                                            cache_indices=pages, has_initial_state=has_state, activation="silu",
+                                            metadata=_conv_metadata(cu, dev)).t()
                 x, B = conv_out[:, :di], conv_out[:, di: di + G * N]
                 ckpt = views[li]["checkpoint"]
                 init = torch.where(has_state[:, None, None, None], ckpt[pages.long()], 0)
