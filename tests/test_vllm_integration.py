@@ -585,7 +585,7 @@ def test_builder_metadata_to_plan_and_step_loop_matches_oracle(vllm_mod, configs
             oracle.commit(r, qs[r])
             for li in range(num_layers):
                 views[li]["checkpoint"][b] = oracle.ssm[r][li].float()
-                views[li]["conv"][b, :, -(k - 1):] = oracle.conv[r][li].float()
+                sv.prefill_conv_view(views[li]["conv"], k, True)[b] = oracle.conv[r][li].float()
 
         # Rejection sampling: decode rows accept 1..q (bonus included); prompt rows sample 1 on the last chunk.
         accepted = {r: rng.randint(1, qs[r]) for r in decodes}
@@ -781,7 +781,7 @@ def test_real_mixer_layers_decode_through_ssmstate(vllm_mod, tmp_path):
             for li, lyr in enumerate(layers):  # what vLLM's prefill kernels leave in the page
                 S0, hist = torch.randn(H, P, N, generator=gen) * 0.3, torch.randn(Dc, k - 1, generator=gen)
                 lyr.ssmstate_views["checkpoint"][block] = S0
-                lyr.ssmstate_views["conv"][block, :, -(k - 1):] = hist
+                sv.prefill_conv_view(lyr.ssmstate_views["conv"], k, True)[block] = hist  # where vLLM's kernels write
                 oracle.write_state(rid, li, S0, hist)
             active[rid] = {"block": block, "computed": 8}
         order = list(active)
@@ -825,3 +825,32 @@ def test_real_mixer_layers_decode_through_ssmstate(vllm_mod, tmp_path):
     assert flushes > 0 and pads > 0 and reused > 0
     for rid in list(active):
         mgr.free(rid)
+
+
+# -- vLLM's real prefill kernels and ssmstate on the same pages ----------------------------------------
+
+@pytest.mark.parametrize("backend,layout,K", [("reference", "DS", 3), ("triton", "SD", 0)])
+def test_real_prefill_kernels_hand_over_to_ssmstate(backend, layout, K):
+    """vLLM's ``causal_conv1d_fn`` and chunked scan (interpreted) write prefills into our pages, ssmstate's
+    conv + verify continue them, and back: every output row matches the serial oracle, through fresh
+    prefills on garbage pages, continuing chunks, one-token decode-row tails, recomputed requests,
+    recycled blocks, both conv layouts, K = 0, and dry double forwards on the null block that leave
+    every page and cursor as they were. A fresh process: vLLM decides at import whether Triton is usable."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SSMSTATE_VLLM")}
+    proc = subprocess.run([sys.executable, str(root / "tests" / "vllm_engine" / "prefill_handover.py"),
+                           "--backend", backend, "--layout", layout, "--K", str(K)],
+                          capture_output=True, text=True, env=env, timeout=900)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+    got = json.loads(lines[-1])
+    print(got)
+    assert got["worst_abs_err"] < 1e-3
+    for key in ("fresh_prefill", "continuing_prefill", "prefill_after_one_token_decode_row", "mixed_steps",
+                "recycled_blocks", "dry_double_forwards"):
+        assert got[key] > 0, (key, got)
+    if K:  # at K = 0 every row is one token and accepted: no verify window, no rejected tail
+        assert got["verify_rows"] > 0 and got["prefill_after_rejected_tail"] > 0, got

@@ -76,6 +76,7 @@ from ssmstate.integrations.vllm_plugin import (  # the switch and versions live 
     installed_vllm_version,
     switch_on,
 )
+from ssmstate.integrations.prefill import prefill_conv_view, settle_conv_history
 from ssmstate.layout import CURSORS_PER_PAGE, PageLayout, SpecConfig
 from ssmstate.manager import StateManager
 from ssmstate.plan import StepPlan
@@ -469,8 +470,8 @@ class SSMStateMambaMixer2(MambaMixer2):
         if self.ssmstate_layout is None:
             return super().bind_kv_cache(kv_cache)
         self.ssmstate_views = page_views(self.ssmstate_layout, kv_cache)
-        conv = self.ssmstate_views["conv"]  # (blocks, conv_dim, width): dim first
-        self.kv_cache = (conv if is_conv_state_dim_first() else conv.transpose(-1, -2),
+        self.kv_cache = (prefill_conv_view(self.ssmstate_views["conv"], self.conv_kernel_size,
+                                           is_conv_state_dim_first()),
                          self.ssmstate_views["checkpoint"])
 
     def conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.Tensor) -> None:
@@ -502,6 +503,11 @@ class SSMStateMambaMixer2(MambaMixer2):
         plan = group.plan
         if plan is None:
             raise SSMStateError(f"layer {self.prefix}: decode rows but no open ssmstate step")
+        if group.dry and index in plan.conv_layers:
+            # CUDA-graph capture and warm-up run the forward again on the same metadata. A dry plan
+            # points every row at the null page, which no kernel writes, so a rerun changes nothing.
+            plan.conv_layers.discard(index)
+            plan.verified_layers.discard(index)
         nd = plan.total_tokens
         xBC, dt = torch.split(projected_states[:nd, self.tped_intermediate_size:],
                               [self.tped_conv_size, self.tped_dt_size], dim=-1)
@@ -526,16 +532,21 @@ class _GroupState:
     layer_names: list[str]
     manager: StateManager
     plan: StepPlan | None = None
+    #: the open plan belongs to a dummy, profile or capture forward: every row on the null page.
+    dry: bool = False
 
 
 def plan_from_mamba2_metadata(manager: StateManager, metadata: Any,
-                              query_start_loc_cpu: torch.Tensor | None = None) -> StepPlan | None:
+                              query_start_loc_cpu: torch.Tensor | None = None, dry: bool = False) -> StepPlan | None:
     """Open a :class:`StepPlan` for the decode rows of vLLM's Mamba2 metadata; no host sync.
 
     Uses ``state_indices_tensor_d[:, 0]`` (one block per request: our page) and
     ``query_start_loc_d``; rows past ``num_decodes`` are CUDA-graph padding on
-    ``NULL_BLOCK_ID`` (0). Host row lengths come from ``query_start_loc_cpu``
-    (the batch's CPU query starts, decodes first) when given.
+    ``NULL_BLOCK_ID`` (0). Without spec decode (K = 0) vLLM leaves
+    ``query_start_loc_d`` unset and every decode row is one token. Host row
+    lengths come from ``query_start_loc_cpu`` (the batch's CPU query starts,
+    decodes first) when given. ``dry`` (a dummy, profile or capture forward)
+    puts every row on the null page, so its kernels run and write nothing.
 
     Returns None when the batch has no decode rows.
     """
@@ -543,16 +554,19 @@ def plan_from_mamba2_metadata(manager: StateManager, metadata: Any,
     if metadata.num_decodes == 0 or sid is None or sid.shape[0] == 0:
         return None
     rows = sid.shape[0]
+    nd, total = metadata.num_decodes, metadata.num_decode_tokens
     qsl = metadata.query_start_loc_d
     if qsl is None:
-        raise SSMStateError("Mamba2 metadata has decode rows but no query_start_loc_d (spec decode off?)")
-    nd, total = metadata.num_decodes, metadata.num_decode_tokens
+        if total != nd:
+            raise SSMStateError(f"Mamba2 metadata has {nd} decode rows of {total} tokens but no query_start_loc_d")
+        qsl = torch.arange(rows + 1, dtype=torch.int32, device=sid.device).clamp_(max=total)
     num_tokens = None
     if query_start_loc_cpu is not None:
         host = query_start_loc_cpu[: nd + 1].tolist()
         num_tokens = [b - a for a, b in zip(host, host[1:])] + [0] * (rows - nd)
     T = manager.layout.spec.num_tokens
-    return manager.begin_step_from_tensors(sid[:, 0], qsl[: rows + 1], total_tokens=total, max_seqlen=T,
+    pages = torch.zeros_like(sid[:, 0]) if dry else sid[:, 0]
+    return manager.begin_step_from_tensors(pages, qsl[: rows + 1], total_tokens=total, max_seqlen=T,
                                            num_tokens=num_tokens)
 
 
@@ -607,28 +621,62 @@ class VllmStateRuntime:
         return cls(groups, device, max_batch)
 
     def begin_step(self, attn_metadata: Mapping[str, Any], query_start_loc_cpu: torch.Tensor | None,
-                   cudagraph_mode: CUDAGraphMode = CUDAGraphMode.NONE) -> None:
+                   cudagraph_mode: CUDAGraphMode = CUDAGraphMode.NONE, real: bool = True) -> None:
         """Open this step's plan in every group (``prepare_attn``, before the forward).
 
-        Prefill rows that continue a request (``has_initial_states_p``) get their
-        committed ring rows folded into the checkpoint first, because vLLM's
-        prefill kernels read the checkpoint as the state. A plan still open here belongs to a forward that was never sampled
-        (profiling, capture, a dummy batch): it is rolled back first.
+        Real batches (``real``) first hand their prefill rows' pages over to
+        vLLM's prefill kernels (:meth:`hand_over_prefills`). A batch that is not
+        real (a dummy, profile or CUDA-graph capture forward, which vLLM may run
+        more than once on the same metadata) gets a dry plan: every row on the
+        null page, so its forwards and its close change no page and no cursor.
+        A plan still open here was never sampled: a dry one is closed, a real one
+        rolled back.
         """
         self.graph_replayed = cudagraph_mode == CUDAGraphMode.FULL
         for g in self.groups:
-            if g.plan is not None and not g.plan.committed:
-                g.manager.rollback(g.plan)
-            g.plan = None
+            self._close_unsampled(g)
             md = attn_metadata.get(g.layer_names[0])
             if md is None:
                 continue
-            if md.num_prefills > 0 and md.has_initial_states_p is not None:
-                # vLLM's prefill kernels read the checkpoint as the state: fold committed ring rows first.
-                pages = torch.where(md.has_initial_states_p, md.state_indices_tensor_p,
-                                    torch.zeros_like(md.state_indices_tensor_p))
-                g.manager.materialize_pages(pages.to(torch.int32))
-            g.plan = plan_from_mamba2_metadata(g.manager, md, query_start_loc_cpu)
+            if real and md.num_prefills > 0:
+                self.hand_over_prefills(g, md)
+            g.plan = plan_from_mamba2_metadata(g.manager, md, query_start_loc_cpu, dry=not real)
+            g.dry = not real
+
+    @staticmethod
+    def hand_over_prefills(group: _GroupState, metadata: Any) -> None:
+        """Make each prefill row's page what vLLM's prefill kernels expect, on the device.
+
+        A row that continues a request (``has_initial_states_p``: after earlier
+        chunks, decode rows or a one-token decode-row tail) gets its committed ring
+        rows folded into the checkpoint and its conv history moved under
+        :func:`prefill_conv_view`, because the prefill reads both as the state. A
+        row that starts a request (a new one, or one recomputed after preemption)
+        gets all cursors zeroed: nothing a block's earlier owner committed is
+        replayed, and the history vLLM's prefill writes is where the next conv reads it.
+        """
+        sid = metadata.state_indices_tensor_p.to(torch.int32)
+        has_state = metadata.has_initial_states_p
+        if has_state is None:
+            has_state = torch.zeros_like(sid, dtype=torch.bool)
+        zero = torch.zeros_like(sid)
+        continuing = torch.where(has_state, sid, zero)
+        group.manager.materialize_pages(continuing)
+        settle_conv_history(group.manager, continuing)
+        group.manager.reset_cursors(torch.where(has_state, zero, sid))
+
+    @staticmethod
+    def _close_unsampled(group: _GroupState) -> None:
+        plan = group.plan
+        group.plan, dry, group.dry = None, group.dry, False
+        if plan is None or plan.committed:
+            return
+        if dry:
+            # Rows on the null page only: the rollback writes nothing, whatever ran.
+            L = group.manager.num_layers
+            plan.verified_layers.update(range(L))
+            plan.conv_layers.update(range(L))
+        group.manager.rollback(plan)
 
     def commit(self, num_sampled: torch.Tensor | int) -> None:
         """Commit ``num_sampled`` (per batch row, decodes first; bonus included) on the device.
@@ -639,6 +687,9 @@ class VllmStateRuntime:
         for g in self.groups:
             plan = g.plan
             if plan is None or plan.committed:
+                continue
+            if g.dry:
+                self._close_unsampled(g)
                 continue
             rows = plan.num_rows
             acc = self._accepted[:rows]
@@ -669,12 +720,15 @@ class SSMStateModelState(MambaHybridModelState):
     ``prepare_attn`` opens each group's plan from the metadata vLLM built,
     ``postprocess_state`` commits ``num_sampled`` right after rejection sampling
     (device-side, no sync), ``add_request`` zeroes the new request's cursors.
+    A batch whose requests were not all added here (vLLM's dummy, profile and
+    CUDA-graph capture batches use made-up request ids) gets a dry plan.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ssmstate: VllmStateRuntime | None = None
         self._pending_blocks: list[tuple[list[int], ...]] = []
+        self._live_requests: set[str] = set()
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig, block_tables: Any) -> None:
         super().initialize_kv_cache(kv_cache_config, block_tables)
@@ -689,16 +743,26 @@ class SSMStateModelState(MambaHybridModelState):
 
     def add_request(self, req_index: int, new_req_data: Any) -> None:
         super().add_request(req_index, new_req_data)
+        self._live_requests.add(new_req_data.req_id)
         if self.ssmstate is None:
             self._pending_blocks.append(new_req_data.block_ids)
         else:
             self.ssmstate.reset_blocks(new_req_data.block_ids)
 
+    def remove_request(self, req_id: str) -> None:
+        super().remove_request(req_id)
+        self._live_requests.discard(req_id)
+
+    def is_real_batch(self, input_batch: Any) -> bool:
+        """True when every request of the batch is one vLLM added (not a dummy or capture batch)."""
+        ids = input_batch.req_ids[: input_batch.num_reqs]
+        return bool(ids) and all(rid in self._live_requests for rid in ids)
+
     def prepare_attn(self, input_batch: Any, cudagraph_mode: CUDAGraphMode, *args: Any, **kwargs: Any):
         attn_metadata = super().prepare_attn(input_batch, cudagraph_mode, *args, **kwargs)
         if self.ssmstate is not None:
             qsl_cpu = torch.from_numpy(input_batch.query_start_loc_np)
-            self.ssmstate.begin_step(attn_metadata, qsl_cpu, cudagraph_mode)
+            self.ssmstate.begin_step(attn_metadata, qsl_cpu, cudagraph_mode, real=self.is_real_batch(input_batch))
         return attn_metadata
 
     def postprocess_state(self, idx_mapping: torch.Tensor, num_sampled: torch.Tensor | int,

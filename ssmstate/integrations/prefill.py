@@ -1,0 +1,62 @@
+"""Handing a page over between an engine's own prefill kernels and ssmstate's conv + verify.
+
+Engine-neutral (no vLLM import): the vLLM plugin uses it, and so can any runner whose prefill kernels
+keep a causal-conv history in the first ``k - 1`` columns of the conv state they are given (vLLM's
+``causal_conv1d_fn`` does, and the Mamba reference implementations it derives from).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ssmstate.manager import StateManager
+
+
+def prefill_conv_view(conv: torch.Tensor, conv_kernel: int, dim_first: bool) -> torch.Tensor:
+    """The conv state vLLM's prefill kernels get: the last ``k - 1`` columns of our conv window.
+
+    ``causal_conv1d_fn`` reads a continuing request's history from columns
+    ``0 .. k-2`` of the conv state it is given and writes the history after the
+    chunk there; ssmstate's conv reads the ``k - 1`` columns ending ``conv_shift``
+    before the window's right end. Handing vLLM this view puts both at the same
+    bytes whenever ``conv_shift == 0``, which :func:`settle_conv_history` makes
+    true before every continuing prefill and :meth:`StateManager.reset_cursors`
+    before every fresh one. vLLM transposes an SD-layout conv state back to
+    ``(dim, width)`` itself, so the SD view is the transposed one.
+
+    Args:
+        conv: ``(blocks, conv_dim, k - 1 + T)`` page view. dim_first: vLLM's
+            ``is_conv_state_dim_first()``.
+    Returns:
+        ``(blocks, conv_dim, k - 1)`` (``dim_first``) or ``(blocks, k - 1, conv_dim)``, a view (no copy).
+    """
+    tail = conv[:, :, conv.shape[-1] - (conv_kernel - 1):]
+    return tail if dim_first else tail.transpose(-1, -2)
+
+
+def settle_conv_history(manager: StateManager, page_ids: torch.Tensor) -> None:
+    """Move each page's conv history to the window's last ``k - 1`` columns and set ``conv_shift = 0``.
+
+    The conv analogue of :meth:`StateManager.materialize_pages`: afterwards the
+    history sits where vLLM's prefill kernels read it (:func:`prefill_conv_view`).
+    Device-side gathers at fixed shapes, no host sync; 0 entries (the null page)
+    write their own values back.
+
+    Args:
+        page_ids: (n,) int32 on the manager's device.
+    """
+    if page_ids.numel() == 0:
+        return
+    cache = manager.cache
+    p = page_ids.long()
+    shift = cache.conv_shift[p]
+    k1 = manager.geometry.conv_kernel - 1
+    live = (p != 0)[:, None, None]
+    for layer in cache.layers:
+        conv = layer["conv"]
+        width, dim = conv.shape[-1], conv.shape[-2]
+        cols = (width - k1 - shift.long())[:, None] + torch.arange(k1, device=conv.device)
+        window = conv[p]
+        hist = torch.gather(window, 2, cols[:, None, :].expand(-1, dim, -1))
+        conv[p, :, width - k1:] = torch.where(live, hist, window[:, :, width - k1:])
+    cache.conv_shift[p] = torch.where(p != 0, torch.zeros_like(shift), shift)
