@@ -132,7 +132,10 @@ def run(batch: int, kernel: str, args: argparse.Namespace, geom: Mamba2Geometry,
         # row 0's count is out of range unless this step also corrupted its pending (step % 3 == 1), which the
         # kernel reads clamped to [0, T] and may then admit the count
         assert flagged or step % 5 != 4 or step % 3 == 1, f"step {step}: an out-of-range count was not flagged"
-        twin.commit(plans[1], (torch.zeros_like(acc) if flagged else acc).to(dev))
+        # unflagged, row 0's count may still exceed its real q (admitted by a corrupted pending): the twin takes
+        # it clamped to q, as row 0's page is tainted and left out of the comparison anyway
+        twin_acc = torch.zeros_like(acc) if flagged else torch.minimum(acc, torch.tensor(qs, dtype=acc.dtype))
+        twin.commit(plans[1], twin_acc.to(dev))
         twin.error_flag.zero_()
         if step % 4 == 3:
             for mm in ms:

