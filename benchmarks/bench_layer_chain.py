@@ -75,8 +75,8 @@ def xbc_views(co):
 
 
 def bench(T: int, W: int, batches: list[int], fi, args, l2: int, pdl_configs: list[dict]) -> list[dict]:
-    from ssmstate.kernels import triton_conv as tcv
-    from ssmstate.kernels import triton_replay as trk
+    from ssmstate.ops.triton import conv as tcv
+    from ssmstate.ops.triton import verify as trk
 
     H, P, N, G = bv.H, bv.P, bv.N, bv.G
     geom = Mamba2Geometry(num_heads=H, head_dim=P, state_size=N, n_groups=G, conv_kernel=KW + 1, num_layers=1,

@@ -3,7 +3,7 @@
 Nemotron-H Mamba geometry per layer and TP rank (H=128, P=64, N=128, G=8), fp32
 state, bf16 inputs. For each (T, W) and batch it times, with CUDA graphs:
 
-* ours (``ssmstate.kernels.triton_replay.replay_verify``): every row non-flush
+* ours (``ssmstate.ops.triton.verify.replay_verify``): every row non-flush
   (``c = min(W - T, W // 2)`` history rows), every row flush
   (``c = min(W, W - T + 2)``), and "amortized" = ``(1 - f) nf + f fl`` with
   ``f`` the steady-state flush fraction of the commit rule under a realistic
@@ -265,7 +265,7 @@ class Pool:
 
 
 def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbps: float) -> list[dict]:
-    from ssmstate.kernels import triton_replay as trk
+    from ssmstate.ops.triton import verify as trk
 
     geom = Mamba2Geometry(num_heads=H, head_dim=P, state_size=N, n_groups=G, conv_kernel=4, num_layers=1,
                           state_dtype=torch.float32, act_dtype=torch.bfloat16)

@@ -5,7 +5,7 @@ barriers, global loads/stores, tensor-core ops), read from the same build the H2
 (Triton's own ``ptxas`` and ``cuobjdump``). It costs no device time, so kernel variants are judged
 here before they are timed there.
 
-The launch is captured from :func:`ssmstate.kernels.triton_replay.replay_verify` on CPU tensors of
+The launch is captured from :func:`ssmstate.ops.triton.verify.replay_verify` on CPU tensors of
 the benchmark geometry (Nemotron-H layer: H=128, P=64, N=128, G=8, fp32 state, bf16 inputs), with
 the GPU heuristic in force, and compiled through Triton's own argument binder so the specialization
 (16-byte alignment, divisibility, constants) matches a real launch.
@@ -39,7 +39,7 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
 from bench_verify import split_config  # noqa: E402
-from ssmstate.kernels import triton_replay as tr  # noqa: E402
+from ssmstate.ops.triton import verify as tr  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 H, P, N, G = 128, 64, 128, 8

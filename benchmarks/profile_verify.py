@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 import bench_verify as bv  # noqa: E402
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig  # noqa: E402
-from ssmstate.kernels import triton_replay as trk  # noqa: E402
+from ssmstate.ops.triton import verify as trk  # noqa: E402
 
 
 def main() -> None:

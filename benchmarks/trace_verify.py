@@ -49,7 +49,7 @@ import torch  # noqa: E402
 import bench_layer_chain as blc  # noqa: E402
 import bench_verify as bv  # noqa: E402
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig  # noqa: E402
-from ssmstate.kernels import triton_replay as trk  # noqa: E402
+from ssmstate.ops.triton import verify as trk  # noqa: E402
 
 SLOTS = trk.TRACE_SLOTS  # stamps per program
 SEGS = trk.TRACE_SEGS  # segments whose stamps a program keeps (later ones reuse the last)
@@ -149,7 +149,7 @@ def run_point(pool, layout, b: int, scen: str, cs: list[int], cfg, args) -> dict
     x, dt, B, C, out = pool.x[:L], pool.dt[:L], pool.B[:L], pool.C[:L], pool.out[:L]
     conv = None
     if args.chain:  # a layer per call: the conv, then the verify reading its output (bench_layer_chain's layer)
-        from ssmstate.kernels import triton_conv as tcv
+        from ssmstate.ops.triton import conv as tcv
 
         win, shift, xBC, cw, cb, co = blc.conv_buffers(pool.ck.shape[0], L, T)
         x, B, C = blc.xbc_views(co)

@@ -217,7 +217,7 @@ def test_begin_step_refusals(mgr):
 def test_device_tensor_commit_out_of_range_rolls_back(mgr):
     """A CPU-tensor commit is checked on the host; the device path is exercised by the same kernel."""
     m = mgr
-    from ssmstate.kernels import reference as ref
+    from ssmstate.ops import reference as ref
     plan = m.begin_step(["a", "b"], [2, 2])
     x, dt, B, C, A = _inputs(m, 4)
     for layer in range(2):
@@ -278,7 +278,7 @@ def test_backend_registry_errors():
 
 def test_commit_host_and_device_paths_agree():
     """The numpy path used for CPU tensors and the torch path used on GPUs implement one rule."""
-    from ssmstate.kernels import reference as ref
+    from ssmstate.ops import reference as ref
     g = torch.Generator().manual_seed(0)
     W, R, pages = 6, 10, 12
     for trial in range(200):

@@ -22,7 +22,7 @@ import torch
 
 if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("GPU present: the Triton backend is tested compiled in tests/gpu/", allow_module_level=True)
-if "ssmstate.kernels.triton_replay" in sys.modules and not sys.modules["ssmstate.kernels.triton_replay"].INTERPRETED:
+if "ssmstate.ops.triton.verify" in sys.modules and not sys.modules["ssmstate.ops.triton.verify"].INTERPRETED:
     pytest.skip("Triton kernels were imported in compiled mode before this module", allow_module_level=True)
 os.environ["TRITON_INTERPRET"] = "1"
 triton = pytest.importorskip("triton")
@@ -34,9 +34,9 @@ from ssmstate import (  # noqa: E402
     BackendUnavailableError, Mamba2Geometry, PageLayout, SpecConfig, StateManager,
 )
 from ssmstate.errors import ConfigError  # noqa: E402
-from ssmstate.kernels import reference as ref  # noqa: E402
-from ssmstate.kernels import triton_conv as tcv  # noqa: E402
-from ssmstate.kernels import triton_replay as trk  # noqa: E402
+from ssmstate.ops import reference as ref  # noqa: E402
+from ssmstate.ops.triton import conv as tcv  # noqa: E402
+from ssmstate.ops.triton import verify as trk  # noqa: E402
 from tests.test_triton_common import (  # noqa: E402
     compare_verify, make_case, other_cursors, rel, run_verify, verify_args,
 )
@@ -387,7 +387,7 @@ def _geom(**kw):
 
 
 def test_check_rejects_what_it_cannot_serve():
-    from ssmstate.kernels.triton_backend import TritonBackend
+    from ssmstate.backends.triton import TritonBackend
 
     be = TritonBackend()
     be.check(PageLayout.replay(_geom(), SpecConfig(3)), torch.device("cpu"))
@@ -404,7 +404,7 @@ def test_check_rejects_what_it_cannot_serve():
 
 
 def test_check_cpu_needs_the_interpreter(monkeypatch):
-    from ssmstate.kernels.triton_backend import TritonBackend
+    from ssmstate.backends.triton import TritonBackend
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(BackendUnavailableError, match="TRITON_INTERPRET=1"):
@@ -836,7 +836,7 @@ def test_pdl_refusals():
     """A non-bool ``pdl`` is a ConfigError before anything is written (verify and conv); backend options a backend
     does not take are ConfigErrors too."""
     from ssmstate.backends import get_backend
-    from ssmstate.kernels.triton_backend import TritonBackend
+    from ssmstate.backends.triton import TritonBackend
     case = make_case(torch.Generator().manual_seed(4), "cpu", pages=4, H=2, G=1, P=16, N=16, W=8, T=2, rows=2,
                      n_pad=0)
     before = {k: v.clone() for k, v in case["state"].items()}

@@ -363,7 +363,7 @@ def test_builder_metadata_to_plan_and_step_loop_matches_oracle(vllm_mod, configs
     from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
     from oracle import SerialOracle
-    from ssmstate.kernels import reference as ref
+    from ssmstate.ops import reference as ref
 
     vc = configs[(True, 8192)]
     layout = _tiny_layout(sv)

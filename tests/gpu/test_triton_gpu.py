@@ -12,11 +12,11 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 if torch.cuda.is_available():
-    from ssmstate.kernels import triton_conv as tcv
-    from ssmstate.kernels import triton_replay as trk
+    from ssmstate.ops.triton import conv as tcv
+    from ssmstate.ops.triton import verify as trk
 
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig, StateManager
-from ssmstate.kernels import reference as ref
+from ssmstate.ops import reference as ref
 from tests.test_triton_common import POISON, compare_verify, make_case, other_cursors, rel, run_verify, verify_args
 
 DEV = "cuda"

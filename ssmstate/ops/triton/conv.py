@@ -1,6 +1,6 @@
 """Triton causal conv1d update on the replay conv window, with rollback by ``conv_shift``.
 
-Same contract and signature as :func:`ssmstate.kernels.reference.conv_update`.
+Same contract and signature as :func:`ssmstate.ops.reference.conv_update`.
 One program per (row, block of channels): it loads the ``k - 1`` history
 columns ending ``conv_shift`` columns before the right end of the page's window
 plus the row's ``q`` new columns, writes the ``q`` outputs, then (after a
@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ssmstate.errors import ConfigError, ShapeError
-from ssmstate.kernels.triton_replay import _compiled, _pdl_wait
+from ssmstate.ops.triton.verify import _compiled, _pdl_wait
 
 Tensor = torch.Tensor
 
@@ -101,7 +101,7 @@ def conv_update(
         activation: "silu" or None. block_d: channels per program.
         pdl: launch as a programmatic dependent of the kernel before (GPU only; ignored in the interpreter):
             each program waits for it to end, then lets the next kernel launch, so that kernel (the layer's
-            :func:`~ssmstate.kernels.triton_replay.replay_verify` with ``pdl=True``) starts its own reads while
+            :func:`~ssmstate.ops.triton.verify.replay_verify` with ``pdl=True``) starts its own reads while
             this one runs. Only the launch overlaps the kernel before.
     Returns:
         ``out``.

@@ -14,7 +14,7 @@ import torch
 
 from ssmstate.cache import StateCache
 from ssmstate.errors import BackendUnavailableError, ConfigError
-from ssmstate.kernels import reference as ref
+from ssmstate.ops import reference as ref
 from ssmstate.layout import PageLayout
 from ssmstate.plan import StepPlan
 
@@ -82,8 +82,8 @@ class ReferenceBackend:
 
 #: name -> "module:Class" for backends imported on first use.
 _LAZY = {
-    "triton": "ssmstate.kernels.triton_backend:TritonBackend",
-    "flashinfer": "ssmstate.kernels.flashinfer_backend:FlashInferBackend",
+    "triton": "ssmstate.backends.triton:TritonBackend",
+    "flashinfer": "ssmstate.backends.flashinfer:FlashInferBackend",
 }
 
 

@@ -34,7 +34,7 @@ MAX_RING_LEN = 128
 
 
 def _kernels():
-    from ssmstate.kernels import triton_conv, triton_replay
+    from ssmstate.ops.triton import conv as triton_conv, verify as triton_replay
     return triton_replay, triton_conv
 
 

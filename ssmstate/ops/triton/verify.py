@@ -1,7 +1,7 @@
 """Triton ReplaySSM kernels: verify (both routes), commit, materialize, on the shared page layout.
 
 Each public function has the signature of its PyTorch twin in
-:mod:`ssmstate.kernels.reference` (the contract and the ground truth), plus an
+:mod:`ssmstate.ops.reference` (the contract and the ground truth), plus an
 optional trailing ``config`` to override the launch heuristic.
 
 Verify has two kernels over the same math; both read the checkpoint tile ``S0``
@@ -49,7 +49,7 @@ from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ssmstate.errors import ConfigError, ShapeError
-from ssmstate.kernels.reference import check_row_cursors_shape
+from ssmstate.ops.reference import check_row_cursors_shape
 
 Tensor = torch.Tensor
 
@@ -1481,7 +1481,7 @@ def replay_verify(
             and then lets the next kernel launch; so the launch and those reads overlap the kernel before (the
             layer's conv). Safe when the kernel before writes none of the pages' tensors, cursors, ``page_ids``,
             ``cu_seqlens`` or ``row_cursors``, and, if it is itself a programmatic dependent, lets its dependents
-            launch only after its own wait, as :func:`ssmstate.kernels.triton_conv.conv_update` (``pdl=True``)
+            launch only after its own wait, as :func:`ssmstate.ops.triton.conv.conv_update` (``pdl=True``)
             and this kernel do. Results are the same bits as without.
     Returns:
         ``out``.
