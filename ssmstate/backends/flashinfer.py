@@ -53,7 +53,7 @@ from typing import Any
 import attrs
 import torch
 
-from ssmstate.backends import ReferenceBackend
+from ssmstate.backends.reference import ReferenceBackend
 from ssmstate.cache import StateCache
 from ssmstate.errors import BackendUnavailableError, ConfigError, ShapeError
 from ssmstate.layout import PageLayout
