@@ -291,11 +291,11 @@ def test_commit_host_and_device_paths_agree():
         if trial % 7 == 0:
             acc[1] = q[1] + 1  # out of range: the whole step commits 0
         outs = []
-        for fn in (ref._replay_commit_host, ref._replay_commit_torch):
+        for fn in (ref.replay_commit_host, ref.replay_commit_torch):
             c = cur.clone()
             flag = torch.zeros(1, dtype=torch.int32)
             args = (c[0], c[1], c[2], c[3], rows, acc, W, R, trial % 2 == 0, flag)
-            fn(*[a.numpy() if isinstance(a, torch.Tensor) and fn is ref._replay_commit_host else a for a in args])
+            fn(*[a.numpy() if isinstance(a, torch.Tensor) and fn is ref.replay_commit_host else a for a in args])
             outs.append((c, flag))
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), trial
         assert torch.equal(outs[0][0][:, 0], cur[:, 0])  # page 0 untouched

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ssmstate.errors import ConfigError, ShapeError
-from ssmstate.ops.triton.verify import _compiled, _pdl_wait
+from ssmstate.ops.triton.common import compiled, pdl_wait
 
 Tensor = torch.Tensor
 
@@ -34,7 +34,7 @@ def _conv_update_kernel(
     pid = tl.program_id(0)
     if GDC:  # a programmatic dependent (pdl=True): everything after the kernel before has ended; only then may the
         # next kernel (the layer's verify) launch, so its early reads never overlap a kernel before this one
-        _pdl_wait()
+        pdl_wait()
     row = tl.program_id(1)
     page = tl.load(page_ptr + row).to(tl.int64)
     lo = tl.load(cu_ptr + row)
@@ -114,7 +114,7 @@ def conv_update(
         raise ShapeError(f"conv window width {width} leaves no room for a token with kernel {k}")
     if not isinstance(pdl, bool):
         raise ConfigError(f"pdl must be a bool, got {pdl!r}")
-    gdc = pdl and _compiled(out.device)
+    gdc = pdl and compiled(out.device)
     rows = page_ids.shape[0]
     BLOCK_L = triton.next_power_of_2(width)
     BLOCK_D = min(block_d, triton.next_power_of_2(Dc))
