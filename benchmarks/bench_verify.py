@@ -535,11 +535,12 @@ def main() -> None:
     ap.add_argument("--configs", default="4:16,2:16,8:16,4:32,8:32", help="T:W pairs")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--sweep", action="store_true",
-                    help="time our kernel variants / launch configs (SWEEP) per point on both routes (sweep_results, "
+                    help="time our named launch shapes (SWEEP) per point on both routes (sweep_results, "
                          "sweep_best_nonflush / sweep_best_flush) and report ours with the fastest non-flush one "
                          "(the built-in heuristic is reported too, as ours_default_nonflush_us)")
     ap.add_argument("--sweep-configs", default=None,
-                    help="JSON list of launch configs to sweep instead of SWEEP (implies --sweep)")
+                    help="JSON list of launch overrides (ssmstate.ops.triton.override keys) to sweep instead of SWEEP "
+                         "(implies --sweep)")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--row-cursors", type=int, default=1, choices=(0, 1),
                     help="ours reads each row's cursors from a per-step gather (StepPlan.row_cursors, as the manager "

@@ -133,10 +133,12 @@ def _sweep_configs() -> list[dict]:
 
 
 @pytest.mark.parametrize("cfg,T,W", [(c, 4, 16) for c in _sweep_configs()] + [(c, 8, 32) for c in _sweep_configs()
-                                                                     if c["shape"] != "one_head"],
+                                                                     if c["shape"] not in ("one_head", "pipelined")],
                          ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()) if isinstance(c, dict) else str(c))
 def test_verify_sweep_configs(cfg, T, W):
-    """Every launch config the benchmark sweeps, mixed routes with padding, against the reference."""
+    """Every launch the benchmark sweeps, mixed routes with padding, against the reference (at W=32 those the
+    heuristic takes on a 40-row ring: not the 96-register one-head launch, which the cap rule refuses there, nor the
+    pipelined one)."""
     gen = torch.Generator().manual_seed(T * 10 + W)
     case = make_case(gen, DEV, pages=15, W=W, T=T, rows=12, n_pad=3, route="mixed", act_dtype=torch.bfloat16, **NEMO)
     got = run_launch(case, cfg)
