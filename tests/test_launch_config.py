@@ -127,6 +127,9 @@ def test_an_override_replaces_the_shape_and_its_fields():
         ot.choose_launch(256, 128, 64, 128, 20, 4, CUDA, 8)
     with pytest.raises(ConfigError, match="unknown launch override keys"), ot.override(SPLIT_HEADS=2):
         pass
+    with pytest.raises(ConfigError, match="interpreter only"):  # several heads per LDG program: not on the GPU
+        _launch_kwargs(8, 20, shape="ldg", HPP=2)
+    assert _launch_kwargs(8, 20, dev=ot.DeviceClass(compiled=False), shape="ldg", HPP=2)[0]["HPP"] == 2
 
 
 def _launch_kwargs(rows: int, R: int, *, dev=H200, pdl: bool = False, **launch) -> list[dict]:

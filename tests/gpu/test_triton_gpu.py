@@ -55,7 +55,7 @@ SHAPES = [dict(shape="base"), dict(shape="base", maxnreg=96), dict(shape="latenc
           dict(shape="pipelined", TMA_STORE=1), dict(shape="split"), dict(shape="split", TMA_STORE=1),
           dict(shape="split", PROGS=4, maxnreg=128), dict(shape="split_lean"), dict(shape="ldg"),
           dict(shape="ldg", BLOCK_P=16), dict(shape="ldg", BLOCK_P=64, FOLD_N=64), dict(shape="ldg_stream"),
-          dict(shape="ldg_stream", NC=64, maxnreg=80), dict(shape="ldg", HPP=4)]
+          dict(shape="ldg_stream", NC=64, maxnreg=80)]
 
 
 @pytest.mark.parametrize("cfg", SHAPES, ids=launch_id)

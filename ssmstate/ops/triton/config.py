@@ -252,6 +252,9 @@ def check_launch(launch: Launch, *, H: int, G: int, N: int, R: int, rows: int, d
 
 
 def _check_ldg(launch: Launch, hpg: int, R: int, dev: DeviceClass) -> None:
+    if dev.compiled and launch.hpp != 1:
+        raise ConfigError(f"HPP {launch.hpp}: several heads per program run in the interpreter only (one head per "
+                          f"program on the GPU)")
     if launch.nc < 0 or launch.nc & (launch.nc - 1):
         raise ConfigError(f"NC must be 0 or a power of two, got {launch.nc}")
     if dev.compiled and launch.maxnreg and launch.nc == 0 and pow2(R) > 32:
