@@ -18,7 +18,8 @@ output. Chains:
 * ``fi_<algo>`` / ``fi_<algo>_pdl``: conv then FlashInfer (algorithm "auto" and "monolith"; ``enable_pdl``
   and the conv's ``pdl`` together);
 * ``ours_verify`` / ``fi_<algo>_verify``: the verify alone, chained, as ``bench_verify.py`` times it;
-* ``ours_pdl_cfg<i>``: ``ours_pdl`` with the i-th ``--pdl-configs`` launch config (e.g. ``{"PDL_TILE": 0}``).
+* ``ours_pdl_cfg<i>``: ``ours_pdl`` with the i-th ``--pdl-configs`` launch override (e.g. ``{"shape": "one_head"}``; see
+  :func:`ssmstate.ops.triton.override`).
 
 Reported per layer: the pair's µs, and the verify's share = pair - conv chain of the same PDL mode. Rows are
 non-flush (c = min(W - T, W / 2)) and a mixed batch from the commit rule's steady state.
@@ -75,8 +76,8 @@ def xbc_views(co):
 
 
 def bench(T: int, W: int, batches: list[int], fi, args, l2: int, pdl_configs: list[dict]) -> list[dict]:
-    from ssmstate.kernels import triton_conv as tcv
-    from ssmstate.kernels import triton_replay as trk
+    from ssmstate.ops import triton as trk
+    tcv = trk
 
     H, P, N, G = bv.H, bv.P, bv.N, bv.G
     geom = Mamba2Geometry(num_heads=H, head_dim=P, state_size=N, n_groups=G, conv_kernel=KW + 1, num_layers=1,
@@ -105,9 +106,12 @@ def bench(T: int, W: int, batches: list[int], fi, args, l2: int, pdl_configs: li
             return lambda: tcv.conv_update(conv_win, conv_shift, xBC[:L], cw, cb, sets[j], cu, co, pdl=pdl)
 
         def ours(j, pdl, cfg=None):
-            return lambda: trk.replay_verify(pool.ck, pool.xr, pool.Br, pool.dtr, pool.rs, pool.nc, x, dt, pool.A,
-                                             Bv, Cv, sets[j], cu, W, out, D=pool.D, dt_bias=pool.dt_bias,
-                                             row_cursors=rcs[j], pdl=pdl, config=cfg)
+            def call():
+                with trk.override(**(cfg or {})):
+                    trk.replay_verify(pool.ck, pool.xr, pool.Br, pool.dtr, pool.rs, pool.nc, x, dt, pool.A, Bv, Cv,
+                                      sets[j], cu, W, out, D=pool.D, dt_bias=pool.dt_bias, row_cursors=rcs[j],
+                                      pdl=pdl)
+            return call
 
         def pair(f, g):
             def run():
@@ -132,7 +136,7 @@ def bench(T: int, W: int, batches: list[int], fi, args, l2: int, pdl_configs: li
                         except Exception as exc:  # keep ours when FlashInfer breaks
                             row[f"fi_{algo}{sfx}_error"] = repr(exc)[:300]
                             log(f"  flashinfer {algo} pdl={pdl} failed: {row[f'fi_{algo}{sfx}_error']}")
-            for i, cfg in enumerate(pdl_configs):  # launch keys for the PDL chain (e.g. PDL_TILE), against its default
+            for i, cfg in enumerate(pdl_configs):  # launch overrides for the PDL chain, against its default
                 try:
                     r[f"ours_pdl_cfg{i}"] = bv.time_calls(
                         [pair(conv(j, True), ours(j, True, cfg)) for j in range(nsets)], args.reps)
@@ -223,7 +227,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--pdl-configs", default="[]",
-                    help="JSON list of replay_verify launch configs also timed in the PDL chain (ours_pdl_cfg<i>)")
+                    help="JSON list of launch overrides also timed in the PDL chain (ours_pdl_cfg<i>)")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="run end to end on CPU under TRITON_INTERPRET=1 at toy sizes (timings meaningless)")
     args = ap.parse_args()

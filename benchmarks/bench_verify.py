@@ -3,7 +3,7 @@
 Nemotron-H Mamba geometry per layer and TP rank (H=128, P=64, N=128, G=8), fp32
 state, bf16 inputs. For each (T, W) and batch it times, with CUDA graphs:
 
-* ours (``ssmstate.kernels.triton_replay.replay_verify``): every row non-flush
+* ours (``ssmstate.ops.triton.replay_verify``): every row non-flush
   (``c = min(W - T, W // 2)`` history rows), every row flush
   (``c = min(W, W - T + 2)``), and "amortized" = ``(1 - f) nf + f fl`` with
   ``f`` the steady-state flush fraction of the commit rule under a realistic
@@ -59,20 +59,15 @@ H, P, N, G = 128, 64, 128, 8
 DEV = "cuda"
 SMOKE = False  # --cpu-smoke: the whole script on CPU under the Triton interpreter, toy sizes, timings meaningless
 ACCEPT_P = 0.7
-#: launch configurations tried by --sweep (docs/performance.md has the shapes measured slower): the TMA kernel (checkpoint
-#: tile by one TMA copy into shared memory) with and without its register cap and with wider fold chunks, and
-#: the best LDG-kernel launches (tile streamed in NC-column chunks over NS stages, or whole)
-SWEEP = [
-    {"KERNEL": "tma", "FOLD_N": 32, "maxnreg": 96},
-    {"KERNEL": "tma", "FOLD_N": 32},
-    {"KERNEL": "tma", "FOLD_N": 64, "maxnreg": 104},
-    {"KERNEL": "ldg", "HPP": 1, "BLOCK_P": 64, "num_warps": 4, "FOLD_N": 32, "NC": 32, "NS": 3, "maxnreg": 80},
-]
+#: launches tried by --sweep: every named launch shape of the TMA kernel (``launch_table.json``) and the portable
+#: kernel's streamed one, each as :func:`ssmstate.ops.triton.override` takes it (a shape the batch cannot take, such
+#: as the split launches past 1,024 rows, is recorded as failed)
+SWEEP = [{"shape": s} for s in ("latency", "one_head", "split", "split_lean", "pipelined", "ldg_stream")]
 
 
 def split_config(cfg: dict | None, default_rc: int) -> tuple[dict | None, bool]:
-    """A sweep config's launch keys and whether it passes row cursors (its ``ROW_CURSORS`` key, a benchmark
-    key: ``replay_verify(row_cursors=...)``, not a launch config; ``--row-cursors`` when absent)."""
+    """A sweep config's launch override keys and whether it passes row cursors (its ``ROW_CURSORS`` key, a
+    benchmark key: ``replay_verify(row_cursors=...)``, not a launch key; ``--row-cursors`` when absent)."""
     if cfg is None or "ROW_CURSORS" not in cfg:
         return cfg, bool(default_rc)
     rest = {k: v for k, v in cfg.items() if k != "ROW_CURSORS"}
@@ -265,7 +260,9 @@ class Pool:
 
 
 def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbps: float) -> list[dict]:
-    from ssmstate.kernels import triton_replay as trk
+    import attrs
+
+    from ssmstate.ops import triton as trk
 
     geom = Mamba2Geometry(num_heads=H, head_dim=P, state_size=N, n_groups=G, conv_kernel=4, num_layers=1,
                           state_dtype=torch.float32, act_dtype=torch.bfloat16)
@@ -291,9 +288,13 @@ def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbp
 
         def ours(j, cfg=None):
             cfg, use_rc = split_config(cfg, args.row_cursors)
-            return lambda: trk.replay_verify(pool.ck, pool.xr, pool.Br, pool.dtr, pool.rs, pool.nc, x, dt, pool.A,
-                                             B, C, sets[j], cu, W, out, D=pool.D, dt_bias=pool.dt_bias, config=cfg,
-                                             row_cursors=rcs[j] if use_rc else None)
+
+            def call():
+                with trk.override(**(cfg or {})):
+                    trk.replay_verify(pool.ck, pool.xr, pool.Br, pool.dtr, pool.rs, pool.nc, x, dt, pool.A, B, C,
+                                      sets[j], cu, W, out, D=pool.D, dt_bias=pool.dt_bias,
+                                      row_cursors=rcs[j] if use_rc else None)
+            return call
 
         def set_c(cs):
             pool.set_committed(sets, rcs, cs)
@@ -305,14 +306,14 @@ def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbp
         scen = {"nonflush": [c_nf] * b, "flush": [c_fl] * b, "mixed": mixed_cs, "mixed_flush_first": flush_first}
         cfg_used = None
         set_c(scen["nonflush"])
-        row["heuristic"] = trk.verify_config(b, H, P, N, R, T, torch.device(DEV), G)
+        row["heuristic"] = attrs.asdict(trk.choose_launch(b, H, P, N, R, T, torch.device(DEV), G))
         row["ours_default_nonflush_us"] = time_calls([ours(j) for j in range(nsets)], args.reps)
         if args.sweep:
             # every candidate on both routes; ours_* below use the fastest non-flush candidate
             for name in ("flush", "mixed"):
                 set_c(scen[name])
                 row[f"ours_default_{name}_us"] = time_calls([ours(j) for j in range(nsets)], args.reps)
-            results = [{"config": dict(row["heuristic"]), "default": True,
+            results = [{"config": {"shape": row["heuristic"]["shape"]}, "default": True,
                         "nonflush_us": row["ours_default_nonflush_us"], "flush_us": row["ours_default_flush_us"],
                         "mixed_us": row["ours_default_mixed_us"]}]
             log(f"  sweep b={b} default {row['heuristic']}: nonflush {row['ours_default_nonflush_us']:.2f} us, "
@@ -511,7 +512,7 @@ def print_table(rows: list[dict], copy_tbps: float, have_fi: bool) -> None:
         log(f"sweep T={r['T']} W={r['W']} batch={r['batch']} (us nonflush / flush):")
         for res in r["sweep_results"]:
             c = res["config"]
-            tag = (" ".join(f"{k}={v}" for k, v in c.items() if k not in ("num_warps", "num_stages"))
+            tag = (" ".join(f"{k}={v}" for k, v in c.items())
                    + (" (heuristic)" if res.get("default") else ""))
             got = (f"{res['nonflush_us']:8.2f} {res['flush_us']:8.2f}" if "error" not in res
                    else f"failed: {res['error'][:80]}")
@@ -534,11 +535,12 @@ def main() -> None:
     ap.add_argument("--configs", default="4:16,2:16,8:16,4:32,8:32", help="T:W pairs")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--sweep", action="store_true",
-                    help="time our kernel variants / launch configs (SWEEP) per point on both routes (sweep_results, "
+                    help="time our named launch shapes (SWEEP) per point on both routes (sweep_results, "
                          "sweep_best_nonflush / sweep_best_flush) and report ours with the fastest non-flush one "
                          "(the built-in heuristic is reported too, as ours_default_nonflush_us)")
     ap.add_argument("--sweep-configs", default=None,
-                    help="JSON list of launch configs to sweep instead of SWEEP (implies --sweep)")
+                    help="JSON list of launch overrides (ssmstate.ops.triton.override keys) to sweep instead of SWEEP "
+                         "(implies --sweep)")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--row-cursors", type=int, default=1, choices=(0, 1),
                     help="ours reads each row's cursors from a per-step gather (StepPlan.row_cursors, as the manager "

@@ -20,7 +20,7 @@ from ssmstate.errors import (
     SSMStateError,
     UnknownRequestError,
 )
-from ssmstate.kernels import reference as ref
+from ssmstate.ops import reference as ref
 from ssmstate.layout import CURSORS_PER_PAGE, PageLayout
 from ssmstate.plan import StepPlan
 from ssmstate.pool import PagePool
@@ -173,7 +173,7 @@ class StateManager:
         device: where the cache lives.
         backend: "reference" (PyTorch, any device), "triton" or "flashinfer".
         backend_options: keyword arguments of the backend's class, e.g. ``{"pdl": True}`` for
-            :class:`~ssmstate.kernels.triton_backend.TritonBackend`.
+            :class:`~ssmstate.backends.triton.TritonBackend`.
         max_batch: most rows (padding included) one step may have; sizes the
             persistent plan buffers. Defaults to ``num_pages``.
         cache: a :class:`StateCache` over tensors an engine allocated

@@ -219,7 +219,7 @@ def test_begin_step_refusals(mgr):
 def test_device_tensor_commit_out_of_range_rolls_back(mgr):
     """A CPU-tensor commit is checked on the host; the device path is exercised by the same kernel."""
     m = mgr
-    from ssmstate.kernels import reference as ref
+    from ssmstate.ops import reference as ref
     plan = m.begin_step(["a", "b"], [2, 2])
     x, dt, B, C, A = _inputs(m, 4)
     for layer in range(2):
@@ -280,7 +280,7 @@ def test_backend_registry_errors():
 
 def test_commit_host_and_device_paths_agree():
     """The numpy path used for CPU tensors and the torch path used on GPUs implement one rule."""
-    from ssmstate.kernels import reference as ref
+    from ssmstate.ops import reference as ref
     g = torch.Generator().manual_seed(0)
     W, R, pages = 6, 10, 12
     for trial in range(200):
@@ -293,11 +293,11 @@ def test_commit_host_and_device_paths_agree():
         if trial % 7 == 0:
             acc[1] = q[1] + 1  # out of range: the whole step commits 0
         outs = []
-        for fn in (ref._replay_commit_host, ref._replay_commit_torch):
+        for fn in (ref.replay_commit_host, ref.replay_commit_torch):
             c = cur.clone()
             flag = torch.zeros(1, dtype=torch.int32)
             args = (c[0], c[1], c[2], c[3], rows, acc, W, R, trial % 2 == 0, flag)
-            fn(*[a.numpy() if isinstance(a, torch.Tensor) and fn is ref._replay_commit_host else a for a in args])
+            fn(*[a.numpy() if isinstance(a, torch.Tensor) and fn is ref.replay_commit_host else a for a in args])
             outs.append((c, flag))
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), trial
         assert torch.equal(outs[0][0][:, 0], cur[:, 0])  # page 0 untouched

@@ -24,8 +24,8 @@ from ssmstate import (
     StateManager,
 )
 from ssmstate.backends import get_backend
-from ssmstate.kernels import flashinfer_backend as fb
-from ssmstate.kernels import reference as ref
+from ssmstate.backends import flashinfer as fb
+from ssmstate.ops import reference as ref
 from ssmstate.plan import StepPlan
 
 

@@ -23,7 +23,7 @@ from ssmstate import (
     SSMStateError,
     StateManager,
 )
-from ssmstate.kernels import reference as ref
+from ssmstate.ops import reference as ref
 from tests.hardening_walk import bad_input_walk, full_snapshot, layer_inputs, same_snapshot
 
 GEOM = Mamba2Geometry(4, 4, 8, 2, 4, 2, act_dtype=torch.float32)

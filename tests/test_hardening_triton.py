@@ -16,15 +16,14 @@ import torch
 
 if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("GPU present: tests/gpu/sanitize_kernels.py covers the compiled kernels", allow_module_level=True)
-if "ssmstate.kernels.triton_replay" in sys.modules and not sys.modules["ssmstate.kernels.triton_replay"].INTERPRETED:
+if "ssmstate.ops.triton.common" in sys.modules and not sys.modules["ssmstate.ops.triton.common"].INTERPRETED:
     pytest.skip("Triton kernels were imported in compiled mode before this module", allow_module_level=True)
 os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig, StateManager  # noqa: E402
-from ssmstate.kernels import reference as ref  # noqa: E402
-from ssmstate.kernels import triton_conv as tcv  # noqa: E402
-from ssmstate.kernels import triton_replay as trk  # noqa: E402
+from ssmstate.ops import reference as ref  # noqa: E402
+from ssmstate.ops import triton as trk  # noqa: E402
 from tests.hardening_walk import bad_input_walk, layer_inputs  # noqa: E402
 from tests.test_triton_common import compare_verify, make_case, rel, run_verify  # noqa: E402
 
@@ -50,11 +49,10 @@ def _corrupt(case: dict, gen: torch.Generator) -> list[int]:
     return [a, b]
 
 
-VERIFY_CONFIGS = [
-    {"KERNEL": "ldg"}, {"KERNEL": "tma"}, {"KERNEL": "tma", "BLOCK_P": 16, "EARLY": 3},
-    {"KERNEL": "tma", "HEADS": 2, "HSTAGES": 2}, {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "KSPLIT": 1},
-    {"KERNEL": "tma", "BLOCK_P": 16, "SPLIT": 1, "STREAM": 2, "PROGS": 3},
-    {"KERNEL": "tma", "BLOCK_P": 16, "STREAM": 1, "PROGS": 5},
+VERIFY_CONFIGS = [  # launch overrides (ssmstate.ops.triton.override): every named shape on this small case
+    {"shape": "ldg"}, {"shape": "ldg_stream", "NC": 8}, {"shape": "base"}, {"shape": "latency", "BLOCK_P": 16},
+    {"shape": "one_head", "BLOCK_P": 16}, {"shape": "pipelined", "HEADS": 2}, {"shape": "split", "BLOCK_P": 16},
+    {"shape": "split", "BLOCK_P": 16, "PROGS": 3}, {"shape": "split_lean", "BLOCK_P": 16},
 ]
 
 
@@ -66,7 +64,8 @@ def test_verify_corrupted_cursors_stay_in_their_page(cfg, row_cursors):
     bad = _corrupt(case, gen)
     p = case["page_ids"].long()
     kw = {"row_cursors": torch.stack((case["ring_start"][p], case["num_committed"][p]))} if row_cursors else {}
-    got = run_verify(trk.replay_verify, case, config=cfg, **kw)
+    with trk.override(**cfg):
+        got = run_verify(trk.replay_verify, case, **kw)
     want = run_verify(ref.replay_verify, case)
     compare_verify(case, got, want, out_tol=2e-5, state_tol=2e-5)
     untouched = [q for q in range(8) if q not in case["page_ids"].tolist()]
@@ -131,7 +130,7 @@ def test_conv_corrupted_shift():
     w1, w2 = win.clone(), win.clone()
     o1, o2 = torch.full((L, Dc), 7.0), torch.full((L, Dc), 7.0)
     ref.conv_update(w1, shift, xbc, w, bias, ids, cu, o1)
-    tcv.conv_update(w2, shift, xbc, w, bias, ids, cu, o2, block_d=16)
+    trk.conv_update(w2, shift, xbc, w, bias, ids, cu, o2, block_d=16)
     assert torch.equal(w1, w2) and rel(o2, o1) < 1e-5
     assert torch.equal(w2[[0, 5, 6]], win[[0, 5, 6]])
 

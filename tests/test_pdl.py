@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-# Triton is located, not imported: importing it here, before tests/test_triton.py sets TRITON_INTERPRET, would
+# Triton is located, not imported: importing it here, before tests/test_ops_triton.py sets TRITON_INTERPRET, would
 # build its language functions for compiled mode and break every interpreted kernel in this process
 _SPEC = importlib.util.find_spec("triton")
 if _SPEC is None or not _SPEC.submodule_search_locations:
@@ -40,7 +40,7 @@ def _builds(*args: str) -> list[dict]:
 @pytest.mark.skipif(not _HAVE_TOOLS, reason="Triton's ptxas / cuobjdump not installed")
 @pytest.mark.parametrize("batch,W,config,prefetches", [
     (1, 16, None, 4), (8, 16, None, 0), (32, 16, None, 1), (64, 32, None, 1), (256, 16, None, 0),
-    (32, 16, '{"KERNEL": "ldg"}', 0),
+    (32, 16, '{"shape": "ldg_stream"}', 0),
 ], ids=["batch1", "one-head-8", "one-head-32", "w32-ksplit", "split-streamed", "ldg"])
 def test_pdl_build_waits_before_the_step_inputs(batch, W, config, prefetches):
     extra = ["--config", config] if config else []
@@ -51,9 +51,9 @@ def test_pdl_build_waits_before_the_step_inputs(batch, W, config, prefetches):
     # the first (or only) launch waits, then triggers; no TMA copy goes out before the wait
     assert first["waits"] >= 1 and first["triggers"] >= 1
     assert 0 <= first["wait_at"] < first["trigger_at"], "lets the next kernel launch before its own wait"
-    # only the checkpoint goes out by TMA: its tile's copy before the wait in the batch-1 launch (PDL_TILE 2)
+    # only the checkpoint goes out by TMA: its tile's copy before the wait in the batch-1 launch
     assert first["tma_before_wait"] == (1 if batch == 1 else 0)
-    # PDL_TILE's default: the batch-1 launch's own prefetches (tile, x, B and dt rings) and its tile copy; the
+    # the batch-1 launch's own prefetches (tile, x, B and dt rings) and its tile copy; the
     # first tile into L2 from 16 programs per SM in the one-head launch; nothing more elsewhere
     assert first["l2_prefetch_before_wait"] == prefetches
     if first["grid"][1] == batch:  # one program per (head, row): before the wait only the page id, the two
@@ -82,12 +82,12 @@ def test_kernel_resources_lists_shared_buffers():
 
 def test_layer_chain_benchmark_smoke(tmp_path):
     """``benchmarks/bench_layer_chain.py --cpu-smoke``: the whole script (conv and verify chains with and without
-    pdl, a launch config swept in the PDL chain) under the interpreter at toy sizes, its JSON holding every chain
+    pdl, a launch override timed in the PDL chain) under the interpreter at toy sizes, its JSON holding every chain
     it times."""
     out = tmp_path / "chain.json"
     env = dict(os.environ, TRITON_INTERPRET="1")
     res = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_layer_chain.py"), "--cpu-smoke",
-                          "--batches", "1", "--reps", "1", "--out", str(out), "--pdl-configs", '[{"PDL_TILE": 0}]'],
+                          "--batches", "1", "--reps", "1", "--out", str(out), "--pdl-configs", '[{"shape": "base"}]'],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     row = json.loads(out.read_text())["rows"][0]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ssmstate.kernels import reference as ref
+from ssmstate.ops import reference as ref
 
 POISON = 7.0
 

@@ -413,14 +413,14 @@ def _common_metadata(rows, block_size):
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_builder_metadata_to_plan_and_step_loop_matches_oracle(vllm_mod, configs, backend):
     """``triton`` runs where the Triton interpreter is active (TRITON_INTERPRET=1 before ssmstate's
-    kernels are imported, as tests/test_triton.py arranges in a full run): strided vLLM page views."""
+    kernels are imported, as tests/test_ops_triton.py arranges in a full run): strided vLLM page views."""
     sv = vllm_mod
     from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadataBuilder
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
     from oracle import SerialOracle
-    from ssmstate.kernels import reference as ref
+    from ssmstate.ops import reference as ref
 
     vc = configs[(True, 8192)]
     layout = _tiny_layout(sv)

@@ -5,16 +5,18 @@ barriers, global loads/stores, tensor-core ops), read from the same build the H2
 (Triton's own ``ptxas`` and ``cuobjdump``). It costs no device time, so kernel variants are judged
 here before they are timed there.
 
-The launch is captured from :func:`ssmstate.kernels.triton_replay.replay_verify` on CPU tensors of
-the benchmark geometry (Nemotron-H layer: H=128, P=64, N=128, G=8, fp32 state, bf16 inputs), with
-the GPU heuristic in force, and compiled through Triton's own argument binder so the specialization
+The launches are built by :func:`ssmstate.ops.triton.verify_launches` on CPU tensors of the benchmark
+geometry (Nemotron-H layer: H=128, P=64, N=128, G=8, fp32 state, bf16 inputs) under
+:func:`ssmstate.ops.triton.override` with a GPU's device class (the launch heuristic in force), and compiled
+through Triton's own argument binder so the specialization
 (16-byte alignment, divisibility, constants) matches a real launch.
 
 ``--allocs`` adds the build's shared-memory buffers (each ``ttg.local_alloc`` of its TTGIR: shape, element type and
 bytes), the operands that stay in shared memory next to the checkpoint tile.
 
-Run: ``python tools/kernel_resources.py --batch 256 --T 4 --W 16 [--config '{"BLOCK_P": 32}'] [--pdl] [--allocs]``; the
-launch passes row cursors as the manager does (``StepPlan.row_cursors``) unless a config says ``"ROW_CURSORS": 0``.
+Run: ``python tools/kernel_resources.py --batch 256 --T 4 --W 16 [--config '{"shape": "pipelined"}'] [--pdl]
+[--allocs]`` (a config: launch override keys, see :func:`ssmstate.ops.triton.override`); the launch passes row cursors
+as the manager does (``StepPlan.row_cursors``) unless a config says ``"ROW_CURSORS": 0``.
 """
 
 from __future__ import annotations
@@ -39,32 +41,23 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
 from bench_verify import split_config  # noqa: E402
-from ssmstate.kernels import triton_replay as tr  # noqa: E402
+from ssmstate.ops import triton as ops  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 H, P, N, G = 128, 64, 128, 8
 SMS = 132
+#: the H200's peak DRAM bandwidth per SM (4,800 GB/s over 132 SMs)
+GBPS_PER_SM = 36.4
 
 
-class _Capture:
-    """Stands in for the kernel: records the launch instead of running it."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.calls: list[tuple[tuple, tuple, dict]] = []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.calls.append((grid, args, kwargs))
-        return launch
-
-
-def capture(batch: int, T: int, W: int, config: dict | None, pdl: bool = False):
-    """The (grid, args, kwargs) replay_verify would launch for this batch on the GPU."""
+def capture(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, sms: int = SMS,
+            gbps_per_sm: float = GBPS_PER_SM, state_dtype: str = "float32"):
+    """(name, kernel, (grid, args, kwargs)) of every launch replay_verify would make for this batch on a GPU of
+    ``sms`` SMs and ``gbps_per_sm`` GB/s of DRAM bandwidth per SM."""
     R = W + T
     pages = batch + 1
     bf = torch.bfloat16
-    ck = torch.empty(pages, H, P, N, dtype=torch.float32)
+    ck = torch.empty(pages, H, P, N, dtype=getattr(torch, state_dtype))
     xr = torch.empty(pages, H, R, P, dtype=bf)
     Br = torch.empty(pages, G, R, N, dtype=bf)
     dtr = torch.empty(pages, H, R, dtype=torch.float32)
@@ -85,22 +78,11 @@ def capture(batch: int, T: int, W: int, config: dict | None, pdl: bool = False):
     # the manager's launch passes StepPlan.row_cursors; a ROW_CURSORS: 0 key builds the launch without them
     config, use_rc = split_config(config, 1)
     rc = torch.zeros((batch, 2), dtype=torch.int32).t() if use_rc else None
-    names = [n for n in dir(tr) if n.endswith("_kernel") and n.startswith(("_replay_verify", "_verify_"))]
-    caps = {n: _Capture(getattr(tr, n)) for n in names}
-    saved = {n: getattr(tr, n) for n in names}
-    saved_fns = (tr._compiled, tr._num_sms)
-    for n, c in caps.items():
-        setattr(tr, n, c)
-    tr._compiled = lambda device: True
-    tr._num_sms = lambda device: SMS
-    try:
-        tr.replay_verify(ck, xr, Br, dtr, rs, nc, x, dt, A, B, C, page_ids, cu, W, out, D=D, dt_bias=dtb, z=z,
-                         config=config, row_cursors=rc, pdl=pdl)
-    finally:
-        for n, f in saved.items():
-            setattr(tr, n, f)
-        tr._compiled, tr._num_sms = saved_fns
-    return [(n, c.fn, call) for n, c in caps.items() for call in c.calls]  # every launch (SPLIT: two)
+    gpu = ops.DeviceClass(compiled=True, sms=sms, gbps_per_sm=gbps_per_sm)
+    with ops.override(device=gpu, **(config or {})):
+        launches = ops.verify_launches(ck, xr, Br, dtr, rs, nc, x, dt, A, B, C, page_ids, cu, W, out, D=D,
+                                       dt_bias=dtb, z=z, row_cursors=rc, pdl=pdl)
+    return [(k.kernel.fn.__name__, k.kernel, (k.grid, k.args, k.kwargs)) for k in launches]  # split: two
 
 
 def compile_launch(fn, args, kwargs):
@@ -113,7 +95,7 @@ def compile_launch(fn, args, kwargs):
     return triton.compile(src, target=TARGET, options=options.__dict__)
 
 
-def _cuobjdump(cubin: bytes, flag: str) -> str:
+def cuobjdump(cubin: bytes, flag: str) -> str:
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
@@ -123,14 +105,14 @@ def _cuobjdump(cubin: bytes, flag: str) -> str:
 
 def resources(cubin: bytes) -> dict[str, int]:
     """Registers, stack frame and spill bytes, from the cubin's resource usage."""
-    txt = _cuobjdump(cubin, "--dump-resource-usage")
+    txt = cuobjdump(cubin, "--dump-resource-usage")
     get = lambda key: int(m.group(1)) if (m := re.search(key + r":(\d+)", txt)) else 0  # noqa: E731
     return {"registers": get("REG"), "stack": get("STACK"), "local": get("LOCAL")}
 
 
 def sass_counts(cubin: bytes) -> dict[str, int]:
     """Counts of SASS opcodes of interest, from the cubin (Triton's cuobjdump)."""
-    sass = _cuobjdump(cubin, "--dump-sass")
+    sass = cuobjdump(cubin, "--dump-sass")
     ops = Counter()
     total = 0
     for line in sass.splitlines():
@@ -150,7 +132,7 @@ def wait_order(cubin: bytes) -> dict[str, int]:
     (``griddepcontrol.launch_dependents``: ``PREEXIT``), as SASS instruction indices (-1: none), and which
     global loads come before the first wait in program order: ``LDG`` (gathers), ``UTMALDG`` (TMA copies) and
     ``UBLKPF`` (bulk L2 prefetches)."""
-    sass = _cuobjdump(cubin, "--dump-sass")
+    sass = cuobjdump(cubin, "--dump-sass")
     ops = [m.group(1).split(".")[0] for line in sass.splitlines()
            if (m := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line))]
     first = lambda op: ops.index(op) if op in ops else -1  # noqa: E731

@@ -3,10 +3,10 @@
 Same pool, geometry and scenarios as ``bench_verify.py`` (Nemotron-H layer, fp32 state, bf16 inputs).
 Run under Nsight Compute on the device, e.g.::
 
-    ncu --clock-control none --kernel-name regex:_verify --launch-skip 2 --launch-count 1 \\
+    ncu --clock-control none --kernel-name regex:verify_ --launch-skip 2 --launch-count 1 \\
         --section SpeedOfLight --section WarpStateStats python3 tools/profile_verify.py --batch 256
 
-``--config`` takes a JSON launch override (as ``replay_verify``'s ``config``); ``--flush`` makes every
+``--config`` takes a JSON launch override (keys of :func:`ssmstate.ops.triton.override`); ``--flush`` makes every
 row a flush row.
 """
 
@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 import bench_verify as bv  # noqa: E402
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig  # noqa: E402
-from ssmstate.kernels import triton_replay as trk  # noqa: E402
+from ssmstate.ops import triton as trk  # noqa: E402
 
 
 def main() -> None:
@@ -45,13 +45,18 @@ def main() -> None:
     pool.nc.fill_(c)
     cu = torch.arange(0, b * T + 1, T, dtype=torch.int32, device="cuda")
     cfg = json.loads(a.config) if a.config else None
+    with trk.override(**(cfg or {})):
+        run(a, pool, cu, b, T, W)
+    torch.cuda.synchronize()
+    print("ok", b, T, W, "flush" if a.flush else "nonflush", cfg)
+
+
+def run(a, pool, cu, b: int, T: int, W: int) -> None:
     for j in range(a.calls):  # disjoint pages per call: cold checkpoints, as in the benchmark
         ids = torch.arange(1 + j * b, 1 + (j + 1) * b, dtype=torch.int32, device="cuda")
         trk.replay_verify(pool.ck, pool.xr, pool.Br, pool.dtr, pool.rs, pool.nc, pool.x[:b * T], pool.dt[:b * T],
                           pool.A, pool.B[:b * T], pool.C[:b * T], ids, cu, W, pool.out[:b * T], D=pool.D,
-                          dt_bias=pool.dt_bias, config=cfg)
-    torch.cuda.synchronize()
-    print("ok", b, T, W, "flush" if a.flush else "nonflush", cfg)
+                          dt_bias=pool.dt_bias)
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ class VllmSettings:
         window: W, the replay window (ring rows R = W + 1 + K).
         backend: ssmstate backend for verify/conv/commit ("triton" on GPU, "reference" anywhere).
         pdl: with "triton", each layer's conv and verify launch as programmatic dependents
-            (:class:`~ssmstate.kernels.triton_backend.TritonBackend`); off by default.
+            (:class:`~ssmstate.backends.triton.TritonBackend`); off by default.
     """
 
     enabled: bool = False

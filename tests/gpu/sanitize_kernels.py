@@ -3,7 +3,7 @@
 Drives the Triton backend through the manager (conv, verify, commit from a device count tensor, materialize)
 over a random schedule with random acceptance, at each batch size the launch heuristic distinguishes (1, 8, 64,
 128, 256 at Nemotron-H geometry: H=128, P=64, N=128, G=8, bf16 inputs, fp32 state, T=4, W=16), on both verify
-kernels (the TMA kernel with the heuristic's launch shape, and the LDG kernel). Before some steps it writes
+kernels (the TMA kernel with the heuristic's launch shape, and the portable kernel's `ldg` and `ldg_stream` launches). Before some steps it writes
 out-of-range values straight into the cursor tensor of a few pages (negative and huge ``ring_start``,
 ``num_committed``, ``conv_shift``; ``pending`` between begin_step and commit). A twin manager runs the same
 schedule with no corruption; after every step:
@@ -33,23 +33,25 @@ if not torch.cuda.is_available():
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig, StateManager  # noqa: E402
-from ssmstate.kernels import triton_replay as trk  # noqa: E402
-from ssmstate.kernels.triton_backend import TritonBackend  # noqa: E402
+from ssmstate.backends.triton import TritonBackend  # noqa: E402
+from ssmstate.ops import triton as ot  # noqa: E402
 
 BIG = 1 << 30
 INT_MIN = -(1 << 31)
 BAD_VALUES = (-1, -7, INT_MIN, BIG, 999)
 
 
-class LdgBackend(TritonBackend):
-    """The Triton backend with the LDG verify kernel instead of the heuristic's choice."""
+class ShapeBackend(TritonBackend):
+    """The Triton backend with one named verify launch shape (``ssmstate.ops.triton.override``) instead of the
+    heuristic's choice: the portable kernel's ``ldg`` and ``ldg_stream`` launches."""
+
+    def __init__(self, shape: str) -> None:
+        super().__init__()
+        self.shape = shape
 
     def verify(self, cache, layer, plan, x, dt, A, B, C, D, dt_bias, z, out):
-        t = cache.layers[layer]
-        return trk.replay_verify(
-            t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start, cache.num_committed,
-            x, dt, A, B, C, plan.page_ids, plan.cu_seqlens, cache.layout.spec.window, out,
-            D=D, dt_bias=dt_bias, z=z, row_cursors=plan.row_cursors, config={"KERNEL": "ldg"})
+        with ot.override(shape=self.shape):
+            return super().verify(cache, layer, plan, x, dt, A, B, C, D, dt_bias, z, out)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -63,9 +65,9 @@ def run(batch: int, kernel: str, args: argparse.Namespace, geom: Mamba2Geometry,
     n_req = batch + 2
     pages = n_req + 2  # the null page, every request, one page never handed out
     ms = [StateManager(layout, pages, device=dev, backend="triton", max_batch=batch) for _ in range(2)]
-    if kernel == "ldg":
+    if kernel != "tma":
         for m in ms:
-            m.backend = LdgBackend()
+            m.backend = ShapeBackend(kernel)
     m, twin = ms
     gen = torch.Generator().manual_seed(args.seed * 1000 + batch)
     H, P, N, G = geom.heads_per_rank, geom.head_dim, geom.state_size, geom.groups_per_rank
@@ -170,7 +172,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     gpu = torch.cuda.is_available()
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 128, 256] if gpu else [1, 3])
-    ap.add_argument("--kernels", nargs="+", default=["tma", "ldg"], choices=["tma", "ldg"])
+    ap.add_argument("--kernels", nargs="+", default=["tma", "ldg", "ldg_stream"], choices=["tma", "ldg", "ldg_stream"])
     ap.add_argument("--steps", type=int, default=6 if gpu else 4)
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
@@ -191,13 +193,13 @@ def main() -> int:
     total = dict(steps=0, corrupted=0, verify_launches=0, bit_diffs=0)
     for batch in args.batches:
         for kernel in args.kernels:
-            cfg = trk.verify_config(batch, geom.heads_per_rank, geom.head_dim, geom.state_size, spec.ring_len,
-                                    spec.num_tokens, dev, G=geom.groups_per_rank,
-                                    kernel="ldg" if kernel == "ldg" else None)
+            with ot.override(**({} if kernel == "tma" else {"shape": kernel})):
+                cfg = ot.choose_launch(batch, geom.heads_per_rank, geom.head_dim, geom.state_size, spec.ring_len,
+                                       spec.num_tokens, dev, G=geom.groups_per_rank)
             stats = run(batch, kernel, args, geom, spec, dev)
             for key in total:
                 total[key] += stats[key]
-            print(f"batch {batch:4d} {kernel}: {stats}  launch {dict(sorted(cfg.items()))}", flush=True)
+            print(f"batch {batch:4d} {kernel}: {stats}  launch {cfg}", flush=True)
     print(f"sanitize_kernels: OK: {total['steps']} steps, {total['verify_launches']} verify launches, "
           f"{total['corrupted']} corrupted cursors, every idle page bit-identical, every clean page as the twin's "
           f"({total['bit_diffs']} elements not bit-identical), {time.time() - t0:.1f} s")

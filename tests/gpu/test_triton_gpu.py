@@ -12,15 +12,25 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 if torch.cuda.is_available():
-    from ssmstate.kernels import triton_conv as tcv
-    from ssmstate.kernels import triton_replay as trk
+    from ssmstate.ops import triton as trk
+    tcv = trk
 
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig, StateManager
-from ssmstate.kernels import reference as ref
+from ssmstate.ops import reference as ref
 from tests.test_triton_common import POISON, compare_verify, make_case, other_cursors, rel, run_verify, verify_args
 
 DEV = "cuda"
 NEMO = dict(H=128, G=8, P=64, N=128)
+
+
+def run_launch(case: dict, launch: dict | None = None, **kw):
+    """:func:`run_verify` of the Triton verify under the launch override ``launch`` (None: the heuristic's)."""
+    with trk.override(**(launch or {})):
+        return run_verify(trk.replay_verify, case, **kw)
+
+
+def launch_id(c) -> str:
+    return "heuristic" if c is None else "-".join(f"{k}={v}" for k, v in c.items())
 
 
 @pytest.mark.parametrize("T,W,route,rows,n_pad", [
@@ -36,82 +46,46 @@ def test_verify_nemotron(T, W, route, rows, n_pad):
     compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
 
 
-@pytest.mark.parametrize("cfg", [dict(KERNEL="tma"), dict(KERNEL="tma", maxnreg=0), dict(KERNEL="tma", maxnreg=96),
-                                 dict(KERNEL="tma", L2PF=1), dict(KERNEL="tma", L2PF=2, maxnreg=0),
-                                 dict(KERNEL="tma", L2PF=2, BLOCK_P=32), dict(KERNEL="tma", HEADS=4, HSTAGES=2),
-                                 dict(KERNEL="tma", HEADS=16, HSTAGES=3, maxnreg=0),
-                                 dict(KERNEL="tma", HEADS=8, HSTAGES=2, num_warps=8, L2PF=2),
-                                 dict(KERNEL="tma", HEADS=16, HSTAGES=2, maxnreg=0, FOLD_N=128),
-                                 dict(KERNEL="tma", FOLD_N=128), dict(KERNEL="tma", HEADS=4, HSTAGES=2, FOLD_N=128),
-                                 dict(KERNEL="tma", HEADS=16, HSTAGES=2, maxnreg=0, num_warps=8),
-                                 dict(KERNEL="tma", HEADS=16, HSTAGES=2, maxnreg=0, FOLD_N=128, PFHEADS=2),
-                                 dict(KERNEL="tma", HEADS=16, HSTAGES=1, maxnreg=0, FOLD_N=128, PFHEADS=3),
-                                 dict(KERNEL="tma", BLOCK_P=32, HEADS=16, HSTAGES=3, maxnreg=0, FOLD_N=128, PFHEADS=2),
-                                 dict(KERNEL="tma", HEADS=4, HSTAGES=2, PFHEADS=1),
-                                 dict(KERNEL="tma", HEADS=16, HSTAGES=2, maxnreg=0, FOLD_N=128, L2PF=2, PFHEADS=1),
-                                 dict(KERNEL="tma", HEADS=16, HSTAGES=1, maxnreg=168, FOLD_N=128, PFHEADS=1),
-                                 dict(KERNEL="tma", HEADS=8, HSTAGES=1, maxnreg=168, FOLD_N=128, PFHEADS=2),
-                                 dict(KERNEL="tma", SPLIT=1, HEADS=8, HSTAGES=1, maxnreg=168, PFHEADS=1),
-                                 dict(KERNEL="tma", SPLIT=1, SPLIT_HEADS=16, HEADS=16, HSTAGES=2, maxnreg=0),
-                                 dict(KERNEL="tma", SPLIT=1, SPLIT_HEADS=1),
-                                 dict(KERNEL="tma", SPLIT=1, STREAM=1, maxnreg=168, PFHEADS=1),
-                                 dict(KERNEL="tma", SPLIT=1, STREAM=2, maxnreg=128, PROGS=4, PFHEADS=1, L2PF=1),
-                                 dict(KERNEL="tma", SPLIT=1, STREAM=1, PROGS=2, maxnreg=0),
-                                 dict(KERNEL="tma", SPLIT=1, HEADS=8, HSTAGES=1, maxnreg=168, PFHEADS=1, PDL=1),
-                                 dict(KERNEL="tma", FOLD_N=64), dict(KERNEL="tma", BLOCK_P=32), dict(KERNEL="ldg", BLOCK_P=16),
-                                 dict(KERNEL="tma", EARLY=1, maxnreg=96), dict(KERNEL="tma", EARLY=2, L2PF=2),
-                                 dict(KERNEL="tma", EARLY=3, maxnreg=96, L2PF=1), dict(KERNEL="tma", EARLY=3, L2PF=2),
-                                 dict(KERNEL="tma", EARLY=3, BLOCK_P=32, maxnreg=64),
-                                 dict(KERNEL="tma", EARLY=3, maxnreg=96, KSPLIT=1),
-                                 dict(KERNEL="tma", SPLIT=1, EARLY=3, maxnreg=96, PDL=1, KSPLIT=1),
-                                 dict(KERNEL="tma", SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1,
-                                      KSPLIT=1, TMA_STORE=1),
-                                 dict(KERNEL="tma", EARLY=3, L2PF=2, FOLD_N=128, TMA_STORE=1),
-                                 dict(KERNEL="tma", EARLY=3, L2PF=2, FOLD_N=64, TILE_LDG=1),
-                                 dict(KERNEL="tma", EARLY=3, FOLD_N=128, TILE_LDG=1, TMA_STORE=1),
-                                 dict(KERNEL="tma", SPLIT=1, EARLY=3, PDL=1, KSPLIT=1, TILE_LDG=1),
-                                 dict(KERNEL="tma", HEADS=16, HSTAGES=2, FOLD_N=128, PFHEADS=1, TMA_STORE=1),
-                                 dict(KERNEL="tma", SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1,
-                                      KSPLIT=1),
-                                 dict(KERNEL="tma", SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168, PFHEADS=1,
-                                      EARLY=2),
-                                 dict(KERNEL="ldg", BLOCK_P=32, num_warps=8), dict(KERNEL="ldg", num_stages=2),
-                                 dict(KERNEL="ldg", BLOCK_P=64, FOLD_N=64), dict(HPP=16, PREFETCH=2),
-                                 dict(HPP=4, PREFETCH=0), dict(NC=32, NS=3, FUSE=True), dict(NC=64, NS=2, maxnreg=80)],
-                         ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+#: every named launch shape at batch 8 (where the heuristic takes one_head), with a few fields changed: P tiles, fold
+#: chunks, heads per pipelined program, register caps, TMA stores
+SHAPES = [dict(shape="base"), dict(shape="base", maxnreg=96), dict(shape="latency"),
+          dict(shape="latency", BLOCK_P=32), dict(shape="latency", FOLD_N=128, TMA_STORE=1), dict(shape="one_head"),
+          dict(shape="one_head", KSPLIT=1), dict(shape="one_head_long_ring"), dict(shape="pipelined"),
+          dict(shape="pipelined", HEADS=4), dict(shape="pipelined", HEADS=8),
+          dict(shape="pipelined", TMA_STORE=1), dict(shape="split"), dict(shape="split", TMA_STORE=1),
+          dict(shape="split", PROGS=4, maxnreg=128), dict(shape="split_lean"), dict(shape="ldg"),
+          dict(shape="ldg", BLOCK_P=16), dict(shape="ldg", BLOCK_P=64, FOLD_N=64), dict(shape="ldg_stream"),
+          dict(shape="ldg_stream", NC=64, maxnreg=80)]
+
+
+@pytest.mark.parametrize("cfg", SHAPES, ids=launch_id)
 def test_verify_configs(cfg):
     gen = torch.Generator().manual_seed(7)
     case = make_case(gen, DEV, pages=10, W=16, T=4, rows=8, n_pad=1, act_dtype=torch.bfloat16, **NEMO)
-    got = run_verify(trk.replay_verify, case, config=cfg)
+    got = run_launch(case, cfg)
     want = run_verify(ref.replay_verify, case)
     compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
 
 
 @pytest.mark.parametrize("route", ["mixed", "nonflush"])
-@pytest.mark.parametrize("cfg", [dict(KERNEL="tma", SPLIT=1, STREAM=1, maxnreg=168, PFHEADS=1),
-                                 dict(KERNEL="tma", SPLIT=1, STREAM=2, maxnreg=168, PFHEADS=1),
-                                 dict(KERNEL="tma", SPLIT=1, STREAM=1, maxnreg=168, PFHEADS=1, PDL=1),
-                                 dict(KERNEL="tma", SPLIT=1, STREAM=2, maxnreg=168, PFHEADS=1, PDL=1),
-                                 dict(KERNEL="tma", SPLIT=1, STREAM=2, maxnreg=168, PFHEADS=1, PDL=1, TMA_STORE=1),
-                                 dict(KERNEL="tma", STREAM=1, maxnreg=168, PFHEADS=1, FOLD_N=32),
-                                 dict(KERNEL="tma", STREAM=1, maxnreg=0, PROGS=2, PFHEADS=1, FOLD_N=128, FLUSH_W=14)],
-                         ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
-def test_verify_stream_batch64(cfg, route):
-    """``STREAM`` at batch 64: every one of 396 programs' shares spans rows and groups (20-21 heads each)."""
+@pytest.mark.parametrize("cfg", [dict(shape="split"), dict(shape="split", TMA_STORE=1), dict(shape="split_lean"),
+                                 dict(shape="split", FOLD_N=128)], ids=launch_id)
+def test_verify_split_batch64(cfg, route):
+    """The split launches at batch 64: every one of the non-flush launch's 396 programs' shares spans rows and groups
+    (20-21 heads each); on the GPU the flush launch is a programmatic dependent of the first."""
     gen = torch.Generator().manual_seed(64)
     case = make_case(gen, DEV, pages=70, W=16, T=4, rows=64, n_pad=2, route=route, act_dtype=torch.bfloat16,
                      **NEMO)
-    got = run_verify(trk.replay_verify, case, config=cfg)
+    got = run_launch(case, cfg)
     want = run_verify(ref.replay_verify, case)
     compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
 
 
-@pytest.mark.parametrize("cfg", [dict(KERNEL="tma", SPLIT=1, STREAM=1, maxnreg=168, PFHEADS=1, PDL=1),
-                                 dict(KERNEL="tma", SPLIT=1, STREAM=2, maxnreg=168, PFHEADS=1, PDL=1)],
-                         ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
-def test_verify_pdl_in_graph_then_consumer(cfg):
-    """``PDL``: the flush launch overlaps the non-flush one; captured in a CUDA graph with copies of the output and
-    the checkpoint right after, which must see both launches' writes (the flush launch ends only after the first)."""
+@pytest.mark.parametrize("pdl", [False, True])
+def test_verify_pdl_in_graph_then_consumer(pdl):
+    """The split launches: the flush launch overlaps the non-flush one; captured in a CUDA graph with copies of the
+    output and the checkpoint right after, which must see both launches' writes (the flush launch ends only after
+    the first); with ``pdl=True`` the first also waits for the kernel before."""
     gen = torch.Generator().manual_seed(3)
     case = make_case(gen, DEV, pages=70, W=16, T=4, rows=64, n_pad=2, route="mixed", act_dtype=torch.bfloat16,
                      **NEMO)
@@ -120,14 +94,15 @@ def test_verify_pdl_in_graph_then_consumer(cfg):
     out = torch.empty_like(case["x"])
     out_seen, ck_seen = torch.empty_like(out), torch.empty_like(st["checkpoint"])
     args = verify_args(case, st)
-    trk.replay_verify(*args, out, D=case["D"], dt_bias=case["dt_bias"], z=case["z"], config=cfg)  # compile
-    torch.cuda.synchronize()
-    fresh = {k: v.clone() for k, v in case["state"].items()}
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        trk.replay_verify(*args, out, D=case["D"], dt_bias=case["dt_bias"], z=case["z"], config=cfg)
-        out_seen.copy_(out)
-        ck_seen.copy_(st["checkpoint"])
+    with trk.override(shape="split"):
+        trk.replay_verify(*args, out, D=case["D"], dt_bias=case["dt_bias"], z=case["z"], pdl=pdl)  # compile
+        torch.cuda.synchronize()
+        fresh = {k: v.clone() for k, v in case["state"].items()}
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            trk.replay_verify(*args, out, D=case["D"], dt_bias=case["dt_bias"], z=case["z"], pdl=pdl)
+            out_seen.copy_(out)
+            ck_seen.copy_(st["checkpoint"])
     for _ in range(3):  # each replay from the same starting state
         for k in st:
             st[k].copy_(fresh[k])
@@ -138,53 +113,17 @@ def test_verify_pdl_in_graph_then_consumer(cfg):
         compare_verify(case, (got_state, out_seen), want, out_tol=1e-2, state_tol=1e-5)
 
 
-@pytest.mark.parametrize("cfg", [None, dict(KERNEL="tma", SPLIT=1, STREAM=2, maxnreg=168, PFHEADS=1, PDL=1),
-                                 dict(KERNEL="tma", HEADS=16, HSTAGES=2, FOLD_N=128, PFHEADS=1)],
-                         ids=lambda c: "heuristic" if c is None else "-".join(f"{k}={v}" for k, v in c.items()))
-def test_verify_trace(cfg):
-    """``trace``: the traced build computes what the untraced one does, and each program's stamps are in order
-    (start <= segment start <= cursors <= Gram <= heads done <= end), with every head of the batch counted once."""
-    gen = torch.Generator().manual_seed(11)
-    case = make_case(gen, DEV, pages=70, W=16, T=4, rows=64, n_pad=2, route="mixed", act_dtype=torch.bfloat16,
-                     **NEMO)
-    trace = torch.zeros(2, 128 * 64, 32, 2, dtype=torch.int64, device=DEV)
-    got = run_verify(trk.replay_verify, case, config=cfg, trace=trace)
-    want = run_verify(ref.replay_verify, case)
-    compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
-    tr = trace.cpu()
-    heads = 0
-    for j in (0, 1):
-        g, k = tr[j, :, :, 0], tr[j, :, :, 1]
-        ran = g[:, 0] > 0
-        if not bool(ran.any()):
-            continue
-        g, k = g[ran], k[ran]
-        assert bool((g[:, 31] >= g[:, 0]).all()) and bool((k[:, 31] >= k[:, 0]).all())
-        for s in range(5):
-            b = 2 + 5 * s
-            seg = (g[:, 30] > s) & (k[:, b + 3] > 0)
-            if s < 4:  # the last slots hold the last segment; counted below from the segment counts
-                heads += int(g[seg, b + 4].sum())
-            kk = k[seg]
-            assert bool((kk[:, b] >= k[seg, 0]).all())
-            for a in range(3):
-                assert bool((kk[:, b + a + 1] >= kk[:, b + a]).all()), (j, s, a)
-            assert bool((k[seg, 31] >= kk[:, b + 3]).all())
-    if cfg is not None and "HEADS" in cfg:  # one program, one segment per (row, 16 heads): all counted
-        assert heads == 62 * 128
-
-
-def test_verify_config_over_shared_memory_is_a_config_error():
-    """A launch whose pipeline stages overflow shared memory: ConfigError before anything is written."""
+def test_verify_launch_over_shared_memory_is_a_config_error():
+    """A launch whose pipeline stages overflow shared memory (3 stages of 512 x 64 fp32 chunks: 401,408 bytes in the
+    sm_90a build): ConfigError before anything is written."""
     from ssmstate.errors import ConfigError
     gen = torch.Generator().manual_seed(5)
     case = make_case(gen, DEV, pages=6, W=16, T=4, rows=4, n_pad=0, act_dtype=torch.bfloat16, **NEMO)
     st = case["state"]
     before = {k: v.clone() for k, v in st.items()}
     out = torch.zeros_like(case["x"])
-    with pytest.raises(ConfigError, match="does not fit"):
-        trk.replay_verify(*verify_args(case), out, D=case["D"], dt_bias=case["dt_bias"], z=case["z"],
-                          config=dict(KERNEL="tma", HEADS=16, HSTAGES=5, maxnreg=0))
+    with pytest.raises(ConfigError, match="does not fit"), trk.override(shape="ldg_stream", BLOCK_P=512, NC=64):
+        trk.replay_verify(*verify_args(case), out, D=case["D"], dt_bias=case["dt_bias"], z=case["z"])
     assert all(torch.equal(before[k], st[k]) for k in before) and not out.any()
 
 
@@ -193,16 +132,16 @@ def _sweep_configs() -> list[dict]:
     return SWEEP
 
 
-# at W=32 the TMA configs take 128 registers at least (replay_verify refuses a lower cap on a ring over 32 rows)
-@pytest.mark.parametrize("cfg,T,W", [(c, 4, 16) for c in _sweep_configs()]
-                         + [(dict(c, maxnreg=max(c["maxnreg"], 128)) if c.get("maxnreg") else c, 8, 32)
-                            for c in _sweep_configs()[:3]],
+@pytest.mark.parametrize("cfg,T,W", [(c, 4, 16) for c in _sweep_configs()] + [(c, 8, 32) for c in _sweep_configs()
+                                                                     if c["shape"] not in ("one_head", "pipelined")],
                          ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()) if isinstance(c, dict) else str(c))
 def test_verify_sweep_configs(cfg, T, W):
-    """Every launch config the benchmark sweeps, mixed routes with padding, against the reference."""
+    """Every launch the benchmark sweeps, mixed routes with padding, against the reference (at W=32 those the
+    heuristic takes on a 40-row ring: not the 96-register one-head launch, which the cap rule refuses there, nor the
+    pipelined one)."""
     gen = torch.Generator().manual_seed(T * 10 + W)
     case = make_case(gen, DEV, pages=15, W=W, T=T, rows=12, n_pad=3, route="mixed", act_dtype=torch.bfloat16, **NEMO)
-    got = run_verify(trk.replay_verify, case, config=cfg)
+    got = run_launch(case, cfg)
     want = run_verify(ref.replay_verify, case)
     compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
 
@@ -234,20 +173,17 @@ def test_verify_row_cursors(rows):
 
 
 @pytest.mark.parametrize("rows", [8, 40, 160])
-@pytest.mark.parametrize("cfg", [dict(KERNEL="tma", SPLIT=0, KSPLIT=1, EARLY=3, maxnreg=128),
-                                 dict(KERNEL="tma", KSPLIT=1, SPLIT=1, EARLY=3, maxnreg=96, PDL=1),
-                                 dict(KERNEL="tma", KSPLIT=1, SPLIT=1, STREAM=2, PDL=1, PROGS=3, maxnreg=168,
-                                      PFHEADS=1)],
-                         ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("cfg", [dict(shape="one_head_long_ring"), dict(shape="latency"), dict(shape="split"),
+                                 dict(shape="split", maxnreg=96)], ids=launch_id)
 def test_verify_ksplit_w32(cfg, rows):
     """W=32 (a 36-row ring, a 64-row sequence tile) on the TMA kernel: non-flush rows take a 32-row tile
-    (``KSPLIT``), in one launch or in SPLIT's non-flush launch; a mixed batch with padding and row cursors."""
+    (``KSPLIT``), in one launch or in the split non-flush launch; a mixed batch with padding and row cursors."""
     gen = torch.Generator().manual_seed(rows + 32)
     case = make_case(gen, DEV, pages=rows + 3, W=32, T=4, rows=rows, n_pad=1, route="mixed",
                      state_dtype=torch.float32, act_dtype=torch.bfloat16, **NEMO)
     p = case["page_ids"].long()
     rc = torch.stack((case["ring_start"][p], case["num_committed"][p]))
-    got = run_verify(trk.replay_verify, case, config=cfg, row_cursors=rc)
+    got = run_launch(case, cfg, row_cursors=rc)
     compare_verify(case, got, run_verify(ref.replay_verify, case), out_tol=1e-2, state_tol=1e-5)
 
 

@@ -275,15 +275,15 @@ def replay_commit(
     if short > 0:
         num_accepted = torch.cat([num_accepted, num_accepted.new_zeros(short)])
     if page_ids.device.type == "cpu" and num_accepted.device.type == "cpu":
-        _replay_commit_host(ring_start.numpy(), num_committed.numpy(), pending.numpy(), conv_shift.numpy(),
+        replay_commit_host(ring_start.numpy(), num_committed.numpy(), pending.numpy(), conv_shift.numpy(),
                             page_ids.numpy(), num_accepted.numpy(), window, ring_len, update_conv,
                             error_flag.numpy())
     else:
-        _replay_commit_torch(ring_start, num_committed, pending, conv_shift, page_ids, num_accepted, window,
+        replay_commit_torch(ring_start, num_committed, pending, conv_shift, page_ids, num_accepted, window,
                              ring_len, update_conv, error_flag)
 
 
-def _replay_commit_torch(ring_start: Tensor, num_committed: Tensor, pending: Tensor, conv_shift: Tensor,
+def replay_commit_torch(ring_start: Tensor, num_committed: Tensor, pending: Tensor, conv_shift: Tensor,
                          page_ids: Tensor, num_accepted: Tensor, window: int, ring_len: int, update_conv: bool,
                          error_flag: Tensor) -> None:
     """:func:`replay_commit` as torch ops on any device, without a host sync."""
@@ -304,7 +304,7 @@ def _replay_commit_torch(ring_start: Tensor, num_committed: Tensor, pending: Ten
     error_flag |= (~ok).to(torch.int32)
 
 
-def _replay_commit_host(ring_start: np.ndarray, num_committed: np.ndarray, pending: np.ndarray,
+def replay_commit_host(ring_start: np.ndarray, num_committed: np.ndarray, pending: np.ndarray,
                         conv_shift: np.ndarray, page_ids: np.ndarray, num_accepted: np.ndarray, window: int,
                         ring_len: int, update_conv: bool, error_flag: np.ndarray) -> None:
     """:func:`replay_commit` on CPU tensors through numpy views: same rule, a tenth of the host time."""

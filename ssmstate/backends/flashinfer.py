@@ -13,7 +13,7 @@ kernel with no copy:
 
 The kernel takes the flush decision per row in-kernel
 (``prev_k + seq_len > max_window`` with ``max_window = R - T``); the commit of
-the reference (:func:`ssmstate.kernels.reference.replay_commit`, device-side
+the reference (:func:`ssmstate.ops.reference.replay_commit`, device-side
 torch ops) applies the same rule ``c + q > W``, so cursors stay in step. That is
 why every call is JIT-specialised on ``T`` (``max_seqlen = T`` in varlen mode even
 when the longest row is shorter): a smaller ``T`` would silently widen FlashInfer's
@@ -33,7 +33,7 @@ The native scheme (:meth:`PageLayout.native`) runs FlashInfer's
 ``selective_state_update`` in its multi-token form: the row starts from the
 state of the last accepted token (page ``page_table[r, state_slot + 1 - 1]``
 through ``num_accepted_tokens``) and writes the state after window token ``i``
-to ``page_table[r, i]``, exactly :func:`ssmstate.kernels.reference.native_verify`.
+to ``page_table[r, i]``, exactly :func:`ssmstate.ops.reference.native_verify`.
 
 Commit, materialize and the conv update are the reference functions (they run
 on the GPU). flashinfer-python is optional: this module imports without it, and
@@ -53,7 +53,7 @@ from typing import Any
 import attrs
 import torch
 
-from ssmstate.backends import ReferenceBackend
+from ssmstate.backends.reference import ReferenceBackend
 from ssmstate.cache import StateCache
 from ssmstate.errors import BackendUnavailableError, ConfigError, ShapeError
 from ssmstate.layout import PageLayout

@@ -9,6 +9,7 @@ graph (see :mod:`ssmstate.cuda_graph`).
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
 import torch
 
@@ -33,9 +34,10 @@ MAX_TOKENS = 16
 MAX_RING_LEN = 128
 
 
-def _kernels():
-    from ssmstate.kernels import triton_conv, triton_replay
-    return triton_replay, triton_conv
+def _ops() -> ModuleType:
+    """:mod:`ssmstate.ops.triton`, imported on first use (importing it decorates the kernels)."""
+    import ssmstate.ops.triton as ops
+    return ops
 
 
 class TritonBackend:
@@ -77,7 +79,7 @@ class TritonBackend:
                     "the triton backend runs on CPU tensors only under the Triton interpreter: set "
                     "TRITON_INTERPRET=1 before importing ssmstate (or use a CUDA device / backend='reference')"
                 )
-            if not _kernels()[0].INTERPRETED:
+            if not _ops().INTERPRETED:
                 raise BackendUnavailableError(
                     "TRITON_INTERPRET=1 was set after ssmstate's Triton kernels were imported; "
                     "set it before the first import"
@@ -101,7 +103,7 @@ class TritonBackend:
                B: Tensor, C: Tensor, D: Tensor | None, dt_bias: Tensor | None, z: Tensor | None,
                out: Tensor) -> Tensor:
         t = cache.layers[layer]
-        return _kernels()[0].replay_verify(
+        return _ops().replay_verify(
             t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start, cache.num_committed,
             x, dt, A, B, C, plan.page_ids, plan.cu_seqlens, cache.layout.spec.window, out,
             D=D, dt_bias=dt_bias, z=z, row_cursors=plan.row_cursors, pdl=self.pdl,
@@ -109,17 +111,17 @@ class TritonBackend:
 
     def conv(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, weight: Tensor,
              bias: Tensor | None, activation: str | None, out: Tensor) -> Tensor:
-        return _kernels()[1].conv_update(cache.layers[layer]["conv"], cache.conv_shift, xBC, weight, bias,
+        return _ops().conv_update(cache.layers[layer]["conv"], cache.conv_shift, xBC, weight, bias,
                                          plan.page_ids, plan.cu_seqlens, out, activation=activation, pdl=self.pdl)
 
     def commit(self, cache: StateCache, plan: StepPlan, accepted: Tensor, update_conv: bool,
                error_flag: Tensor) -> None:
         spec = cache.layout.spec
-        _kernels()[0].replay_commit(cache.ring_start, cache.num_committed, cache.pending, cache.conv_shift,
+        _ops().replay_commit(cache.ring_start, cache.num_committed, cache.pending, cache.conv_shift,
                                     plan.page_ids, accepted, spec.window, spec.ring_len, update_conv, error_flag)
 
     def materialize(self, cache: StateCache, layer: int, A: Tensor, page_ids: Tensor) -> None:
         t = cache.layers[layer]
-        _kernels()[0].replay_materialize(t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"],
-                                         cache.ring_start, cache.num_committed, A, page_ids,
-                                         window=cache.layout.spec.window)
+        _ops().replay_materialize(t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"],
+                                  cache.ring_start, cache.num_committed, A, page_ids,
+                                  window=cache.layout.spec.window)

@@ -1,6 +1,6 @@
 """Triton causal conv1d update on the replay conv window, with rollback by ``conv_shift``.
 
-Same contract and signature as :func:`ssmstate.kernels.reference.conv_update`.
+Same contract and signature as :func:`ssmstate.ops.reference.conv_update`.
 One program per (row, block of channels): it loads the ``k - 1`` history
 columns ending ``conv_shift`` columns before the right end of the page's window
 plus the row's ``q`` new columns, writes the ``q`` outputs, then (after a
@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ssmstate.errors import ConfigError, ShapeError
-from ssmstate.kernels.triton_replay import _compiled, _pdl_wait
+from ssmstate.ops.triton.common import compiled, pdl_wait
 
 Tensor = torch.Tensor
 
@@ -34,7 +34,7 @@ def _conv_update_kernel(
     pid = tl.program_id(0)
     if GDC:  # a programmatic dependent (pdl=True): everything after the kernel before has ended; only then may the
         # next kernel (the layer's verify) launch, so its early reads never overlap a kernel before this one
-        _pdl_wait()
+        pdl_wait()
     row = tl.program_id(1)
     page = tl.load(page_ptr + row).to(tl.int64)
     lo = tl.load(cu_ptr + row)
@@ -103,7 +103,7 @@ def conv_update(
         activation: "silu" or None. block_d: channels per program.
         pdl: launch as a programmatic dependent of the kernel before (GPU only; ignored in the interpreter):
             each program waits for it to end, then lets the next kernel launch, so that kernel (the layer's
-            :func:`~ssmstate.kernels.triton_replay.replay_verify` with ``pdl=True``) starts its own reads while
+            :func:`~ssmstate.ops.triton.verify.replay_verify` with ``pdl=True``) starts its own reads while
             this one runs. Only the launch overlaps the kernel before.
     Returns:
         ``out``.
@@ -116,7 +116,7 @@ def conv_update(
         raise ShapeError(f"conv window width {width} leaves no room for a token with kernel {k}")
     if not isinstance(pdl, bool):
         raise ConfigError(f"pdl must be a bool, got {pdl!r}")
-    gdc = pdl and _compiled(out.device)
+    gdc = pdl and compiled(out.device)
     rows = page_ids.shape[0]
     BLOCK_L = triton.next_power_of_2(width)
     BLOCK_D = min(block_d, triton.next_power_of_2(Dc))

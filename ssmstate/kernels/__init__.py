@@ -1,1 +1,0 @@
-"""Kernels on the shared page layout: reference (PyTorch), triton, flashinfer, native."""

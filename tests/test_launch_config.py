@@ -1,0 +1,197 @@
+"""The verify launch choice (:mod:`ssmstate.ops.triton.config`): which named shape the heuristic takes for each grid,
+geometry and device class, what an override changes, and the launch arguments that follow (captured with
+``verify_launches`` on CPU tensors under a GPU's device class; nothing runs).
+
+TRITON_INTERPRET=1 is set before the kernels are imported, as in tests/test_ops_triton.py, so both can share a
+process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("GPU present: the launch choice is exercised compiled in tests/gpu/", allow_module_level=True)
+if "ssmstate.ops.triton.common" in sys.modules and not sys.modules["ssmstate.ops.triton.common"].INTERPRETED:
+    pytest.skip("Triton kernels were imported in compiled mode before this module", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+
+from ssmstate.errors import ConfigError  # noqa: E402
+from ssmstate.ops import triton as ot  # noqa: E402
+from ssmstate.ops.triton import common, config  # noqa: E402
+from ssmstate.ops.triton.verify import ring_prefetch_bytes  # noqa: E402
+
+H200 = ot.DeviceClass(compiled=True, sms=132, gbps_per_sm=36.4)  # 4,800 GB/s over 132 SMs
+H100 = ot.DeviceClass(compiled=True, sms=132, gbps_per_sm=25.4)  # the H100 80GB HBM3: 3,352 GB/s over 132 SMs
+CUDA = torch.device("cuda")
+
+
+def choose(rows: int, R: int = 20, T: int = 4, *, dev=H200, H: int = 128, P: int = 64, N: int = 128, G: int = 8,
+           **kw) -> config.Launch:
+    with ot.override(device=dev):
+        return ot.choose_launch(rows, H, P, N, R, T, CUDA, G, **kw)
+
+
+def test_the_table_names_every_shape_with_a_reason():
+    shapes = config.table()["shapes"]
+    assert {"base", "latency", "one_head", "one_head_long_ring", "split", "split_lean", "pipelined", "ldg",
+            "ldg_stream"} == set(shapes)
+    for name, spec in shapes.items():
+        assert spec["kernel"] in ("tma", "ldg") and len(spec["why"]) > 20, name
+        fields = set(spec) - {"why", "kernel", "long_ring"}
+        assert fields <= {*config.OVERRIDE_KEYS, "EARLY", "PFHEADS", "SPLIT", "L2PF"}, name
+    assert len(config.OVERRIDE_KEYS) + 1 <= 10  # the user keys: shape and the fields
+
+
+def test_tma_kernel_chosen_where_the_geometry_allows():
+    cpu = torch.device("cpu")
+    assert ot.choose_launch(4, 8, 32, 32, 20, 4, cpu, 2).kernel == "tma"
+    assert ot.choose_launch(4, 8, 24, 32, 20, 4, cpu, 2).kernel == "ldg"  # P not a multiple of 16
+    assert ot.choose_launch(4, 8, 32, 24, 20, 4, cpu, 2).kernel == "ldg"  # N not a power of two
+    assert ot.choose_launch(4, 8, 32, 32, 20, 4, cpu, 2, tma_ok=False).kernel == "ldg"  # a strided checkpoint
+    interp = ot.DeviceClass(compiled=False)
+    assert config.tma_block_p(64, 128, interp) == 64 and config.tma_block_p(48, 128, interp) == 16
+    assert config.tma_block_p(64, 512, interp) == 0  # the TMA box holds N whole: at most 256
+    assert config.tma_block_p(48, 128, H200) == 0  # one warpgroup's 64-row tile on the GPU
+    ldg = ot.choose_launch(4, 8, 24, 32, 20, 4, cpu, 2)
+    assert (ldg.hpp, ldg.fold_n, ldg.nc) == (4, 32, 0)  # the interpreter: a group's heads per program, whole tiles
+
+
+def test_tma_launch_heuristic_on_the_gpu():
+    """As measured on the H200: batch 1 (at most one program per SM) runs uncapped with L2 prefetches, a flush row
+    folding in 64-column chunks; grids of 96 or more heads per SM up to 1,024 rows (batch 99-1,024 at H=128) take
+    the split launches; longer grids with at least 15 programs per SM when a program takes a group's 16 heads run
+    those heads in a 2-stage pipeline, flush rows folded in one product; the grids between one head per program
+    capped at 96 registers. Rings over 32 rows (W=32: R=36) give non-flush rows their short tile (KSPLIT) and cap
+    the one-head launch at 128; the LDG kernel takes over once W itself is over 32."""
+    small = choose(1)
+    assert (small.shape, small.l2pf, small.early, small.maxnreg, small.fold_n, small.ksplit) == (
+        "latency", 2, True, 0, 64, False)
+    for rows in (8, 32, 64, 98):  # 1,024 / 4,096 / 8,192 / 12,544 heads: under 96 per SM
+        mid = choose(rows)
+        assert (mid.shape, mid.maxnreg, mid.early, mid.l2pf, mid.heads, mid.split) == ("one_head", 96, True, 0, 1,
+                                                                                          False)
+    for rows in (99, 128, 256, 1024):
+        split = choose(rows)
+        assert (split.shape, split.split, split.progs, split.maxnreg, split.pf_heads, split.ksplit,
+                split.tma_store) == ("split", True, 3, 168, 1, True, False)
+    large = choose(1025)  # past the rows a split launch ranks in registers
+    assert (large.shape, large.heads, large.fold_n, large.pf_heads, large.maxnreg) == ("pipelined", 16, 128, 1, 0)
+    # only the measured pipelined launch: 16 heads per program and 32 KB tiles (not 4 heads per group, 3 heads per
+    # group, a bf16 checkpoint or N = 256)
+    for kw in (dict(G=32), dict(H=24), dict(state_size=2), dict(N=256)):
+        assert choose(256, **kw).shape == "one_head", kw
+    for T in (4, 8):  # W = 32
+        w32 = [choose(rows, R=32 + T, T=T) for rows in (1, 32, 98, 256, 2048)]
+        assert all(c.kernel == "tma" and c.ksplit for c in w32)
+        assert w32[0].shape == "latency" and w32[3].shape == "split" and w32[3].tma_store
+        assert all(c.shape == "one_head_long_ring" and c.maxnreg == 128 for c in (w32[1], w32[2], w32[4]))
+    assert choose(1, R=52).kernel == "ldg"  # W = 48
+    assert choose(256, R=52).shape == "ldg_stream" and choose(256, R=52).nc == 32
+
+
+@pytest.mark.parametrize("dev", [H100, ot.DeviceClass(compiled=True, sms=132, gbps_per_sm=0.0)],
+                         ids=["h100", "unreported"])
+def test_tma_launch_heuristic_by_bandwidth_per_sm(dev):
+    """As measured on the H100 80GB HBM3 (25.4 GB/s per SM, under ``lean_gbps_per_sm``): the split launches run 2
+    programs per SM uncapped, and from 15 group programs per SM (batch 248 at H=128) the pipelined launch takes
+    over; batch 1-98 and W=32 as on the H200. A card that reports no bandwidth gets the H200's launches."""
+    batches = (1, 8, 64, 98, 99, 128, 247, 248, 256, 1024, 1025)
+    h200 = {rows: choose(rows) for rows in batches}
+    got = {rows: choose(rows, dev=dev) for rows in batches}
+    assert {rows: choose(rows, R=36, dev=dev) for rows in batches} == {rows: choose(rows, R=36) for rows in batches}
+    if not dev.lean:
+        assert got == h200
+        return
+    assert {r: got[r] for r in (1, 8, 64, 98, 1025)} == {r: h200[r] for r in (1, 8, 64, 98, 1025)}
+    for rows in (99, 128, 247):
+        assert (got[rows].shape, got[rows].progs, got[rows].maxnreg) == ("split_lean", 2, 0), rows
+    for rows in (248, 256, 1024):
+        assert got[rows] == got[1025] and got[rows].shape == "pipelined", rows
+
+
+def test_an_override_replaces_the_shape_and_its_fields():
+    """A named shape replaces the heuristic's choice for the geometry; fields replace the chosen shape's; keys of
+    the other kernel are refused."""
+    with ot.override(device=H200, shape="pipelined"):
+        assert ot.choose_launch(1, 128, 64, 128, 20, 4, CUDA, 8).shape == "pipelined"
+    with ot.override(device=H200, HEADS=8, FOLD_N=64):
+        got = ot.choose_launch(256, 128, 64, 128, 20, 4, CUDA, 8)
+    assert (got.shape, got.heads, got.fold_n, got.progs) == ("split", 8, 64, 3)
+    with pytest.raises(ConfigError, match="do not apply to the TMA kernel"), ot.override(device=H200, NC=16):
+        ot.choose_launch(256, 128, 64, 128, 20, 4, CUDA, 8)
+    with pytest.raises(ConfigError, match="unknown launch override keys"), ot.override(SPLIT_HEADS=2):
+        pass
+    with pytest.raises(ConfigError, match="interpreter only"):  # several heads per LDG program: not on the GPU
+        _launch_kwargs(8, 20, shape="ldg", HPP=2)
+    assert _launch_kwargs(8, 20, dev=ot.DeviceClass(compiled=False), shape="ldg", HPP=2)[0]["HPP"] == 2
+
+
+def _launch_kwargs(rows: int, R: int, *, dev=H200, pdl: bool = False, **launch) -> list[dict]:
+    """The kwargs of each kernel launch ``replay_verify`` would make (nothing runs)."""
+    H, P, N, G, T = 32, 64, 128, 2, 4
+    bf = torch.bfloat16
+    pages, L = rows + 1, rows * T
+    t = dict(checkpoint=torch.empty(pages, H, P, N), x_ring=torch.empty(pages, H, R, P, dtype=bf),
+             B_ring=torch.empty(pages, G, R, N, dtype=bf), dt_ring=torch.empty(pages, H, R),
+             ring_start=torch.zeros(pages, dtype=torch.int32), num_committed=torch.zeros(pages, dtype=torch.int32),
+             x=torch.empty(L, H, P, dtype=bf), dt=torch.empty(L, H), A=torch.empty(H), B=torch.empty(L, G, N, dtype=bf),
+             C=torch.empty(L, G, N, dtype=bf), page_ids=torch.arange(1, rows + 1, dtype=torch.int32),
+             cu_seqlens=torch.arange(0, L + 1, T, dtype=torch.int32))
+    with ot.override(device=dev, **launch):
+        launches = ot.verify_launches(*t.values(), R - T, torch.empty(L, H, P, dtype=bf), pdl=pdl)
+    return [k.kwargs for k in launches]
+
+
+def test_l2_prefetch_sizes():
+    """The TMA kernel's L2 prefetch spans (GPU only): the first tile, the x and dt rings of all the program's heads,
+    the group's B ring; a span or offset a bulk prefetch cannot take (not 16-byte aligned) is left out rather than
+    faulting. With pdl, a one-head launch of 16+ programs per SM sends the first tile into L2 before its wait."""
+    def rings(R, pages=3, H=32, G=2, P=64, N=128):
+        return (torch.empty(pages, H, R, P, dtype=torch.bfloat16), torch.empty(pages, G, R, N, dtype=torch.bfloat16),
+                torch.empty(pages, H, R))
+
+    xr, Br, dtr = rings(20)
+    assert (ring_prefetch_bytes(xr, 16), ring_prefetch_bytes(Br, 1), ring_prefetch_bytes(dtr, 16)) == (
+        16 * 20 * 64 * 2, 20 * 128 * 2, 16 * 20 * 4)
+    assert ring_prefetch_bytes(dtr, 1) == 20 * 4  # one head: 80 bytes, aligned
+    xr, Br, dtr = rings(18)  # dt rows of 72 bytes: one head's start is not 16-byte aligned, 16 heads' is
+    assert ring_prefetch_bytes(dtr, 1) == 0 and ring_prefetch_bytes(xr, 1) == 18 * 64 * 2
+    assert ring_prefetch_bytes(dtr, 16) == 16 * 18 * 4
+    padded = torch.empty(3, 32, 20, 65, dtype=torch.bfloat16)[..., :64]  # a ring whose rows are 130 bytes apart
+    assert ring_prefetch_bytes(padded, 16) == 0
+    (latency,) = _launch_kwargs(1, 20)  # 32 programs on 132 SMs
+    assert (latency["PF_CK"], latency["PF_X"], latency["PF_B"], latency["PF_DT"]) == (32768, 20 * 64 * 2,
+                                                                                       20 * 128 * 2, 20 * 4)
+    (mid,) = _launch_kwargs(8, 20)
+    assert mid["PF_CK"] == 0 and mid["EARLY"] and mid["maxnreg"] == 96
+    (mid_pdl,) = _launch_kwargs(80, 20, pdl=True)  # 2,560 programs: 16+ per SM, the first tile into L2 first
+    assert mid_pdl["PF_CK"] == 32768 and mid_pdl["GDC"] == 1 and mid_pdl["launch_pdl"]
+    (latency_pdl,) = _launch_kwargs(1, 20, pdl=True)  # the tile's TMA copy itself goes out before the wait
+    assert latency_pdl["GDC"] == 2
+    (interp,) = _launch_kwargs(1, 20, dev=ot.DeviceClass(compiled=False))  # the interpreter runs none
+    assert (interp["PF_CK"], interp["PF_X"], interp["PF_AHEAD"]) == (0, 0, 0)
+
+
+def test_split_launch_arguments():
+    """The split shape is two launches: the non-flush rows' under the register cap on PROGS programs per SM, the flush
+    rows' uncapped on 2 per SM folding whole tiles; on the GPU the second is a programmatic dependent."""
+    first, second = _launch_kwargs(128, 20, shape="split")
+    assert (first["ROUTE"], first["maxnreg"], first["FOLD_N"], first["BLOCK_KN"]) == (1, 168, 32, 16)
+    assert (second["ROUTE"], "maxnreg" in second, second["FOLD_N"], second["launch_pdl"]) == (2, False, 128, True)
+    assert "launch_pdl" not in first  # without pdl=True the first launch waits for nothing
+
+
+def test_dram_bandwidth_unreported_off_the_gpu():
+    """Off the GPU, or where the driver cannot say, the bandwidth reads 0.0: the launches of a card with bandwidth
+    to spare."""
+    assert common.dram_gbps_per_sm(torch.device("cpu")) == 0.0
+    if not torch.cuda.is_available():  # no active Triton driver: the lookup raises inside and falls back
+        common.dram_gbps_per_sm_of.cache_clear()
+        assert common.dram_gbps_per_sm_of(0) == 0.0
+    assert ot.choose_launch(1, 2, 16, 16, 12, 4, torch.device("cpu")).shape == "base"  # the interpreter's TMA launch
