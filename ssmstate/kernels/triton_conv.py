@@ -65,7 +65,9 @@ def _conv_update_kernel(
             y = tl.sum(seq * wt, axis=1) + bias
             if SILU:
                 y = y * tl.sigmoid(y)
-            tl.store(out_ptr + (lo + t).to(tl.int64) * s_o_t + offs_d * s_o_d, y.to(out_ptr.dtype.element_ty), mask=md & (t < q))
+            # the row test as a vector, not a scalar ANDed onto one: Triton 3.9's interpreter rejects that mask
+            live = md & ((tl.zeros_like(offs_d) + t) < q)
+            tl.store(out_ptr + (lo + t).to(tl.int64) * s_o_t + offs_d * s_o_d, y.to(out_ptr.dtype.element_ty), mask=live)
         # new window: the last KW + q sequence columns, right-aligned
         dst = width - (KW + q) + ll
         keep = (ll < KW + q) & (dst >= 0)
