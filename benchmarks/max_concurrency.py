@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                  "state_size": args.state_size, "n_groups": args.n_groups}
     cfg = attrs.evolve(cfg, **{k: v for k, v in overrides.items() if v is not None})
     plan: CapacityPlan = plan_capacity(
-        cfg, gpu_memory=budget, gpu_utilization=1.0, tp_size=args.tp,
+        cfg, kv_cache_memory=budget, tp_size=args.tp,
         num_speculative_tokens=args.num_speculative_tokens, window=args.window, state_dtype=args.state_dtype,
         act_dtype=args.act_dtype, count_attention=False,
     )
