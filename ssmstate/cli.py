@@ -305,7 +305,8 @@ def plot_sweep(plans: list[CapacityPlan], path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'ssmstate[plot]'") from None
+        raise UsageError("--plot needs matplotlib: pip install matplotlib "
+                         "(or pip install -e '.[plot]' in the checkout)") from None
     ks = [p.num_speculative_tokens for p in plans]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(ks, [p.native.max_concurrency for p in plans], "o-", label="vLLM native (1+K pages)")
