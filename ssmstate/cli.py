@@ -103,10 +103,11 @@ def _build_parser() -> argparse.ArgumentParser:
     model.add_argument("--kv-cache-memory", metavar="SIZE",
                        help="the state + KV budget itself (vLLM's 'Available KV cache memory'); "
                             "weights, reserve and --gpu-utilization are then not used")
-    model.add_argument("--max-num-batched-tokens", type=int, default=8192,
-                       help="tokens of vLLM's profile forward pass (default: %(default)s)")
-    model.add_argument("--max-num-seqs", type=int, default=1024,
-                       help="rows of vLLM's profile sampler pass (default: %(default)s)")
+    model.add_argument("--max-num-batched-tokens", type=int, default=None,
+                       help="tokens of vLLM's profile forward pass (default: vllm serve's for the GPU, "
+                            "8192 on an H100/H200, 16384 from 160 GiB)")
+    model.add_argument("--max-num-seqs", type=int, default=None,
+                       help="rows of vLLM's profile sampler pass (default: vllm serve's, 1024 on an H100/H200)")
     model.add_argument("--cuda-graph-memory", metavar="SIZE", default="512MiB",
                        help="vLLM's CUDA-graph estimate (default: %(default)s)")
     model.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: no CUDA-graph reserve")

@@ -47,14 +47,13 @@ from ssmstate.gpus import DEFAULT_GPU, format_size, lookup_gpu, parse_size
 from ssmstate.layout import PageLayout, SpecConfig
 from ssmstate.weights import (
     DEFAULT_CUDA_GRAPH_BYTES,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_MAX_NUM_SEQS,
     DEFAULT_NON_TORCH_BYTES,
     RuntimeReserve,
     WeightMemory,
     measured_reserve,
     measured_weights,
     runtime_reserve,
+    vllm_serve_defaults,
     weight_memory,
 )
 
@@ -431,8 +430,8 @@ def plan_capacity(
     weights_memory: int | str | None = None,
     reserve_memory: int | str | None = None,
     kv_cache_memory: int | str | None = None,
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None,
     cuda_graph_memory: int | str = DEFAULT_CUDA_GRAPH_BYTES,
     non_torch_memory: int | str = DEFAULT_NON_TORCH_BYTES,
 ) -> CapacityPlan:
@@ -460,7 +459,8 @@ def plan_capacity(
         reserve_memory: the runtime reserve as measured, instead of the model of vLLM's profile run.
         kv_cache_memory: the state + KV budget itself (vLLM's "Available KV cache memory"); weights and
             reserve are then not subtracted and ``gpu_utilization`` is not used.
-        max_num_batched_tokens, max_num_seqs: the profile run's sizes (vLLM's flags of the same names).
+        max_num_batched_tokens, max_num_seqs: the profile run's sizes (vLLM's flags of the same names); None:
+            what ``vllm serve`` picks for this GPU's memory (8192 and 1024 on an H100 or H200).
         cuda_graph_memory, non_torch_memory: the reserve's two start-up measurements (0 for eager mode).
 
     Raises:
@@ -476,9 +476,11 @@ def plan_capacity(
     _check_positive_int("tp_size", tp_size)
     if block_size is not None:
         _check_positive_int("block_size", block_size)
-    _check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
-    _check_positive_int("max_num_seqs", max_num_seqs)
     memory, gpu_name = _resolve_memory(gpu_memory, gpu)
+    default_tokens, default_seqs = vllm_serve_defaults(memory)
+    max_num_batched_tokens = _check_positive_int(
+        "max_num_batched_tokens", default_tokens if max_num_batched_tokens is None else max_num_batched_tokens)
+    max_num_seqs = _check_positive_int("max_num_seqs", default_seqs if max_num_seqs is None else max_num_seqs)
     requested = math.ceil(memory * gpu_utilization)
     mml = cfg.max_model_len if max_model_len is None else _check_positive_int("max_model_len", max_model_len)
     geometry = cfg.mamba_geometry(state_dtype=state_dtype, act_dtype=act_dtype, tp_size=tp_size)

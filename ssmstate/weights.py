@@ -54,6 +54,20 @@ DEFAULT_CUDA_GRAPH_BYTES = GiB // 2
 #: vLLM's defaults on an H100/H200 for ``vllm serve``: tokens per step and concurrent sequences.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 DEFAULT_MAX_NUM_SEQS = 1024
+
+
+def vllm_serve_defaults(gpu_memory: int) -> tuple[int, int]:
+    """``(max_num_batched_tokens, max_num_seqs)`` that ``vllm serve`` picks for a GPU of this much memory.
+
+    Mirrors vLLM 0.33's ``EngineArgs.get_batch_defaults`` for the OpenAI server: 16384 / 1024 from 160 GiB
+    (B200, B300), 8192 / 1024 from 70 GiB (H100, H200; vLLM also keeps A100 and GB10 on the small tier),
+    2048 / 256 below.
+    """
+    if gpu_memory >= 160 * GiB:
+        return 16384, 1024
+    if gpu_memory >= 70 * GiB:
+        return DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
+    return 2048, 256
 #: Bytes per vocabulary entry per sampled row in vLLM's sampler warm-up: bf16 logits, then fp32 logits
 #: and fp32 probabilities.
 SAMPLER_BYTES_PER_LOGIT = 2 + 4 + 4
