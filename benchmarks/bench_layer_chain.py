@@ -44,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import bench_verify as bv  # noqa: E402
+from progress import progress  # noqa: E402  (benchmarks/progress.py)
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig  # noqa: E402
 
 KW = 3  # conv kernel 4: 3 history columns
@@ -253,13 +254,17 @@ def main() -> None:
     pdl_configs = json.loads(args.pdl_configs)
     env["pdl_configs"] = pdl_configs
     rows: list[dict] = []
-    for pair in args.configs.split(","):
+    pairs = args.configs.split(",")
+    bar = progress(len(pairs) * len(batches), "bench_layer_chain (T:W pair x batch)")
+    for pair in pairs:
         T, W = (int(v) for v in pair.split(":"))
         rows += bench(T, W, batches, fi, args, l2, pdl_configs)
+        bar.update(len(batches))
         with open(args.out, "w") as fh:  # after every (T, W): a run cut short still leaves its results
             json.dump({"env": env, "geometry": {"H": bv.H, "P": bv.P, "N": bv.N, "G": bv.G, "conv_kernel": KW + 1,
                                                 "state": "float32", "act": "bfloat16"},
                        "rows": rows, "seconds": time.time() - t0}, fh, indent=1)
+    bar.close()
     print_table(rows, fi is not None)
     log(f"wrote {args.out} in {time.time() - t0:.1f}s")
 

@@ -49,11 +49,14 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/progress.py
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig  # noqa: E402
+
+from progress import progress  # noqa: E402  (benchmarks/progress.py: tqdm on a terminal, plain lines in a log)
 
 H, P, N, G = 128, 64, 128, 8
 DEV = "cuda"
@@ -531,9 +534,9 @@ def print_table(rows: list[dict], copy_tbps: float, have_fi: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="verify.json")
-    ap.add_argument("--batches", default="1,8,32,64,128,256")
-    ap.add_argument("--configs", default="4:16,2:16,8:16,4:32,8:32", help="T:W pairs")
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--batches", default=None, help="batch sizes (default 1,8,32,64,128,256; --cpu-smoke: 1,2)")
+    ap.add_argument("--configs", default=None, help="T:W pairs (default 4:16,2:16,8:16,4:32,8:32; --cpu-smoke: 4:16)")
+    ap.add_argument("--reps", type=int, default=None, help="timed replays per figure (default 15; --cpu-smoke: 1)")
     ap.add_argument("--sweep", action="store_true",
                     help="time our named launch shapes (SWEEP) per point on both routes (sweep_results, "
                          "sweep_best_nonflush / sweep_best_flush) and report ours with the fastest non-flush one "
@@ -549,7 +552,9 @@ def main() -> None:
                     help="T:W pairs that also run FlashInfer (default: every pair with W <= 16); FlashInfer "
                          "JIT-compiles checkpointing_ssu once per T, minutes each")
     ap.add_argument("--cpu-smoke", action="store_true",
-                    help="run the script end to end on CPU under TRITON_INTERPRET=1 at toy sizes (CI smoke test)")
+                    help="run the script end to end on CPU under TRITON_INTERPRET=1 at toy sizes (CI smoke test; "
+                         "T=4 W=16, batches 1 and 2, the reference-checked Triton kernels interpreted; timings "
+                         "meaningless; under a minute)")
     args = ap.parse_args()
     t0 = time.time()
     global DEV, SMOKE, H, P, N, G, SWEEP
@@ -562,10 +567,14 @@ def main() -> None:
         args.no_flashinfer = True
     elif not torch.cuda.is_available():
         sys.exit("bench_verify.py needs a CUDA GPU")
+    smoke_or = (lambda smoke, full: smoke if args.cpu_smoke else full)  # noqa: E731
+    args.batches = args.batches or smoke_or("1,2", "1,8,32,64,128,256")
+    args.configs = args.configs or smoke_or("4:16", "4:16,2:16,8:16,4:32,8:32")
+    args.reps = args.reps or smoke_or(1, 15)
     fi, fi_version = load_flashinfer(args.no_flashinfer)
     import triton
     if SMOKE:
-        name, sms, l2 = "cpu (Triton interpreter smoke run)", 1, 64 * 2 ** 10
+        name, sms, l2 = "cpu (Triton interpreter smoke run)", 1, 0  # no L2 to defeat: two page sets per batch
     else:
         props = torch.cuda.get_device_properties(0)
         name, sms = props.name, props.multi_processor_count
@@ -586,10 +595,14 @@ def main() -> None:
         with open(args.out, "w") as fh:
             json.dump(res, fh, indent=1)
 
-    for pair in args.configs.split(","):
+    pairs = args.configs.split(",")
+    bar = progress(len(pairs), "bench_verify (T:W pairs)")
+    for pair in pairs:
         T, W = (int(v) for v in pair.split(":"))
         rows += bench_config(T, W, batches, fi, args, l2, copy_tbps)
         save()
+        bar.update(1)
+    bar.close()
     print_table(rows, copy_tbps, fi is not None)
     log(f"wrote {args.out} in {time.time() - t0:.1f}s")
 

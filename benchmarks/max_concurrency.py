@@ -33,41 +33,16 @@ import attrs
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "benchmarks"):  # the package, and benchmarks/progress.py when loaded as a module
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 from ssmstate import CapacityError, PageLayout, StateManager  # noqa: E402
 from ssmstate.geometry import load_model  # noqa: E402
 from ssmstate.gpus import format_size, parse_size  # noqa: E402
 from ssmstate.planner import CapacityPlan, plan_capacity  # noqa: E402
 
-
-class _StderrBar:
-    """A minimal progress bar on stderr, used when tqdm is not installed."""
-
-    def __init__(self, total: int, desc: str) -> None:
-        self.total, self.desc, self.n, self._last = max(total, 1), desc, 0, -1
-
-    def update(self, k: int = 1) -> None:
-        self.n += k
-        pct = int(100 * self.n / self.total)
-        if pct != self._last:
-            self._last = pct
-            filled = pct * 30 // 100
-            sys.stderr.write(f"\r{self.desc}: [{'#' * filled}{'.' * (30 - filled)}] {self.n}/{self.total}")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        sys.stderr.write("\n")
-        sys.stderr.flush()
-
-
-def progress(total: int, desc: str) -> Any:
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _StderrBar(total, desc)
-    return tqdm(total=total, desc=desc, file=sys.stderr, mininterval=0.5)
+from progress import progress  # noqa: E402  (benchmarks/progress.py)
 
 
 def _sync(device: torch.device) -> None:
@@ -242,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                  "state_size": args.state_size, "n_groups": args.n_groups}
     cfg = attrs.evolve(cfg, **{k: v for k, v in overrides.items() if v is not None})
     plan: CapacityPlan = plan_capacity(
-        cfg, gpu_memory=budget, gpu_utilization=1.0, tp_size=args.tp,
+        cfg, kv_cache_memory=budget, tp_size=args.tp,
         num_speculative_tokens=args.num_speculative_tokens, window=args.window, state_dtype=args.state_dtype,
         act_dtype=args.act_dtype, count_attention=False,
     )

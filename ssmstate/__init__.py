@@ -5,25 +5,42 @@ request costs one page whatever the number of draft tokens, verification reads
 the state once, and rollback is a cursor move.
 """
 
-from ssmstate.cache import StateCache
-from ssmstate.errors import (
-    BackendUnavailableError,
-    CapacityError,
-    ConfigError,
-    DeviceCommitError,
-    LifecycleError,
-    ShapeError,
-    SSMStateError,
-    UnknownRequestError,
-)
-from ssmstate.geometry import AttentionGeometry, Mamba2Geometry, ModelConfig, load_model, preset_names
-from ssmstate.layout import PageLayout, SpecConfig, TensorSpec
-from ssmstate.manager import SavedState, StateManager
-from ssmstate.plan import StepPlan
-from ssmstate.planner import CapacityPlan, plan_capacity, sweep_k
-from ssmstate.pool import NULL_PAGE, PagePool
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+# Names are imported on first use (PEP 562), so that ``import ssmstate`` and the command line's ``--help``
+# and ``--version`` do not load torch.
+_EXPORTS = {
+    "StateCache": "ssmstate.cache",
+    "BackendUnavailableError": "ssmstate.errors", "CapacityError": "ssmstate.errors",
+    "ConfigError": "ssmstate.errors", "DeviceCommitError": "ssmstate.errors", "LifecycleError": "ssmstate.errors",
+    "ShapeError": "ssmstate.errors", "SSMStateError": "ssmstate.errors", "UnknownRequestError": "ssmstate.errors",
+    "AttentionGeometry": "ssmstate.geometry", "Mamba2Geometry": "ssmstate.geometry",
+    "ModelConfig": "ssmstate.geometry", "load_model": "ssmstate.geometry", "preset_names": "ssmstate.geometry",
+    "PageLayout": "ssmstate.layout", "SpecConfig": "ssmstate.layout", "TensorSpec": "ssmstate.layout",
+    "SavedState": "ssmstate.manager", "StateManager": "ssmstate.manager",
+    "StepPlan": "ssmstate.plan",
+    "CapacityPlan": "ssmstate.planner", "plan_capacity": "ssmstate.planner", "sweep_k": "ssmstate.planner",
+    "NULL_PAGE": "ssmstate.pool", "PagePool": "ssmstate.pool",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ssmstate' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 __all__ = [
     "AttentionGeometry", "BackendUnavailableError", "CapacityError", "CapacityPlan", "ConfigError", "DeviceCommitError",

@@ -36,6 +36,9 @@ class GpuMemory:
     source: str
 
 
+#: The GPU the planner assumes when neither a name nor a memory size is given.
+DEFAULT_GPU = "H200"
+
 _MODAL = "nvidia-smi totals listed in modal-labs/modal-client#2797"
 
 GPUS: dict[str, GpuMemory] = {

@@ -1,4 +1,17 @@
-"""Capacity planning: how many concurrent requests fit on a GPU, native vs replay.
+"""Capacity planning: how many concurrent requests a deployment holds, for three ways of keeping Mamba state.
+
+The budget is vLLM's: ``total x gpu_utilization`` is everything vLLM may own on one GPU; the model
+weights and the runtime reserve of its start-up profile (:mod:`ssmstate.weights`) come out of it and
+the rest holds request state and attention KV. ``kv_cache_memory`` gives that rest directly (what vLLM
+logs as "Available KV cache memory").
+
+The three schemes:
+
+* **native**: vLLM's own Mamba2 spec decode, ``1 + K`` full state pages per request;
+* **vllm_replayssm**: vLLM's built-in ReplaySSM (FlashInfer): one page, our page less one conv column
+  (its conv window is ``conv_kernel - 1 + K``), usable only while the ring history ``W <= 16`` and ``1 + K <= W``;
+* **replay**: ssmstate's page (one checkpoint, rings of ``W + T`` rows, conv window ``conv_kernel - 1 + T``),
+  any W.
 
 Every Mamba byte comes from :class:`~ssmstate.layout.PageLayout` and every
 attention byte from :meth:`~ssmstate.geometry.AttentionGeometry.kv_bytes_per_token`;
@@ -21,15 +34,28 @@ Two figures per scheme:
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Iterable
 
 import attrs
 
+from ssmstate.dtypes import dtype_size
 from ssmstate.errors import CapacityError, ConfigError
 from ssmstate.geometry import Mamba2Geometry, ModelConfig, load_model
-from ssmstate.gpus import format_size, lookup_gpu, parse_size
+from ssmstate.gpus import DEFAULT_GPU, format_size, lookup_gpu, parse_size
 from ssmstate.layout import PageLayout, SpecConfig
+from ssmstate.weights import (
+    DEFAULT_CUDA_GRAPH_BYTES,
+    DEFAULT_NON_TORCH_BYTES,
+    RuntimeReserve,
+    WeightMemory,
+    measured_reserve,
+    measured_weights,
+    runtime_reserve,
+    vllm_serve_defaults,
+    weight_memory,
+)
 
 #: vLLM's ``CacheConfig.DEFAULT_BLOCK_SIZE``: the attention block size before hybrid alignment.
 VLLM_DEFAULT_BLOCK_SIZE = 16
@@ -37,8 +63,10 @@ VLLM_DEFAULT_BLOCK_SIZE = 16
 #: (FlashAttention and Triton: ``MultipleOf(16)``; FlashInfer: 16, 32, 64):
 #: the raised block size is a multiple of it.
 VLLM_KERNEL_BLOCK_ALIGNMENT = 16
-#: The GPU assumed when neither ``gpu`` nor ``gpu_memory`` is given.
-DEFAULT_GPU = "H200"
+#: vLLM's FlashInfer ReplaySSM takes a ring history (``replayssm_buffer_len``) of at most this many tokens.
+VLLM_REPLAYSSM_MAX_WINDOW = 16
+#: The schemes a plan compares, in print order.
+SCHEMES = ("native", "vllm_replayssm", "replay")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -50,8 +78,8 @@ class SchemeCapacity:
     """Ideal per-request cost and concurrency of one scheme (one tensor-parallel rank).
 
     Attributes:
-        scheme: ``"native"`` or ``"replay"``.
-        pages_per_request: 1 + K (native) or 1 (replay).
+        scheme: ``"native"``, ``"vllm_replayssm"`` or ``"replay"``.
+        pages_per_request: 1 + K (native) or 1 (the replay schemes).
         page_bytes: one page over all Mamba layers (``PageLayout.page_bytes``).
         layer_page_bytes: one page of one Mamba layer (``PageLayout.layer_page_bytes``).
         allocated_bytes_per_page: ``page_bytes`` plus the page's cursors.
@@ -143,13 +171,20 @@ class CapacityPlan:
         spec: K and W.
         gpu: GPU name, or None when ``gpu_memory`` was given.
         gpu_memory: bytes of one GPU.
-        gpu_utilization: share of it given to Mamba state + attention KV.
-        budget_bytes: ``int(gpu_memory * gpu_utilization)``.
+        gpu_utilization: vLLM's ``gpu_memory_utilization``: the share of the GPU for weights, runtime
+            reserve, Mamba state and attention KV together.
+        requested_bytes: ``ceil(gpu_memory * gpu_utilization)``, what vLLM may own.
+        weights: the model weights on one rank (None when ``kv_cache_memory`` was given).
+        reserve: the runtime reserve (None when ``kv_cache_memory`` was given).
+        budget_bytes: what is left for Mamba state + attention KV: ``requested - weights - reserve``, or
+            ``kv_cache_memory``.
         max_model_len: tokens each request may reach (attention KV is charged at it).
         count_attention: whether attention KV is charged.
         num_attention_layers: attention layers of the model (0 if none).
         attention_bytes_per_token: KV bytes per token over all attention layers on one rank.
         native, replay: the ideal figures.
+        vllm_replayssm: vLLM's built-in ReplaySSM, ideal figure (None where it does not run: W or 1 + K over 16).
+        vllm_replayssm_window: the ring history vLLM's ReplaySSM is planned with (``min(W, 16)``).
         vllm_native, vllm_replay: vLLM's figures (None unless ``vllm_compatible``).
     """
 
@@ -159,6 +194,9 @@ class CapacityPlan:
     gpu: str | None
     gpu_memory: int
     gpu_utilization: float
+    requested_bytes: int
+    weights: WeightMemory | None
+    reserve: RuntimeReserve | None
     budget_bytes: int
     max_model_len: int
     count_attention: bool
@@ -166,8 +204,11 @@ class CapacityPlan:
     attention_bytes_per_token: int
     native: SchemeCapacity
     replay: SchemeCapacity
+    vllm_replayssm: SchemeCapacity | None = None
+    vllm_replayssm_window: int = VLLM_REPLAYSSM_MAX_WINDOW
     vllm_native: VllmCapacity | None = None
     vllm_replay: VllmCapacity | None = None
+    vllm_vllm_replayssm: VllmCapacity | None = None
 
     @property
     def tp_size(self) -> int:
@@ -199,6 +240,11 @@ class CapacityPlan:
             raise ConfigError(f"scheme must be 'native' or 'replay', got {name!r}")
         return self.native if name == "native" else self.replay
 
+    @property
+    def kv_cache_memory_given(self) -> bool:
+        """True when the state + KV budget was given, not derived from weights and reserve."""
+        return self.weights is None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model,
@@ -209,6 +255,9 @@ class CapacityPlan:
             "gpu": self.gpu,
             "gpu_memory": self.gpu_memory,
             "gpu_utilization": self.gpu_utilization,
+            "requested_bytes": self.requested_bytes,
+            "weights": None if self.weights is None else self.weights.to_dict(),
+            "reserve": None if self.reserve is None else self.reserve.to_dict(),
             "budget_bytes": self.budget_bytes,
             "tp_size": self.tp_size,
             "max_model_len": self.max_model_len,
@@ -217,39 +266,62 @@ class CapacityPlan:
             "attention_bytes_per_token": self.attention_bytes_per_token,
             "native": self.native.to_dict(),
             "replay": self.replay.to_dict(),
+            "vllm_replayssm": None if self.vllm_replayssm is None else self.vllm_replayssm.to_dict(),
+            "vllm_replayssm_window": self.vllm_replayssm_window,
             "concurrency_ratio": self.concurrency_ratio,
             "mamba_bytes_ratio": self.mamba_bytes_ratio,
             "vllm_native": None if self.vllm_native is None else self.vllm_native.to_dict(),
             "vllm_replay": None if self.vllm_replay is None else self.vllm_replay.to_dict(),
+            "vllm_vllm_replayssm": None if self.vllm_vllm_replayssm is None else self.vllm_vllm_replayssm.to_dict(),
             "vllm_ratio": self.vllm_ratio,
         }
 
 
 # -- the two computations ------------------------------------------------------
 
-def _ideal(layout: PageLayout, budget: int, attention_bytes: int) -> SchemeCapacity:
-    """Most requests with ``(1 + n * ppr)`` pages plus ``n`` attention KV reservations in ``budget``."""
-    page = layout.allocated_bytes_per_page
+def _ideal(layout: PageLayout, budget: int, attention_bytes: int, scheme: str | None = None,
+           layer_page_bytes: int | None = None) -> SchemeCapacity:
+    """Most requests with ``(1 + n * ppr)`` pages plus ``n`` attention KV reservations in ``budget``.
+
+    ``layer_page_bytes`` replaces the layout's page of one layer (vLLM's ReplaySSM page); the cursors stay.
+    """
+    layer_page = layout.layer_page_bytes if layer_page_bytes is None else layer_page_bytes
+    page_bytes = layer_page * layout.geometry.num_layers
+    page = page_bytes + layout.cursor_bytes
     ppr = layout.pages_per_request
     if attention_bytes == 0:
-        n = layout.max_requests(budget)
-        num_pages = layout.max_pages(budget)
+        num_pages = budget // page
+        n = max(0, (num_pages - 1) // ppr)
+        if layer_page_bytes is None:
+            assert (n, num_pages) == (layout.max_requests(budget), layout.max_pages(budget))
     else:
         n = max(0, (budget - page) // (ppr * page + attention_bytes))
         num_pages = 1 + n * ppr
     return SchemeCapacity(
-        scheme=layout.scheme,
+        scheme=layout.scheme if scheme is None else scheme,
         pages_per_request=ppr,
-        page_bytes=layout.page_bytes,
-        layer_page_bytes=layout.layer_page_bytes,
+        page_bytes=page_bytes,
+        layer_page_bytes=layer_page,
         allocated_bytes_per_page=page,
-        mamba_bytes_per_request=layout.bytes_per_request,
-        mamba_allocated_bytes_per_request=layout.allocated_bytes_per_request,
+        mamba_bytes_per_request=ppr * page_bytes,
+        mamba_allocated_bytes_per_request=ppr * page,
         attention_bytes_per_request=attention_bytes,
-        total_bytes_per_request=layout.allocated_bytes_per_request + attention_bytes,
+        total_bytes_per_request=ppr * page + attention_bytes,
         num_pages=num_pages,
         max_concurrency=n,
     )
+
+
+def vllm_replayssm_layer_page_bytes(geometry: Mamba2Geometry, spec: SpecConfig) -> int | None:
+    """One layer's page of vLLM's built-in FlashInfer ReplaySSM, or None where it does not run.
+
+    The same checkpoint and x/B/dt rings of ``W + T`` rows as ours, with a conv window of
+    ``conv_kernel - 1 + K`` columns (one fewer than ours). It needs ``W <= 16`` and ``1 + K <= W``.
+    """
+    if spec.window > VLLM_REPLAYSSM_MAX_WINDOW or spec.num_tokens > spec.window:
+        return None
+    ours = PageLayout.replay(geometry, spec).layer_page_bytes
+    return ours - geometry.conv_dim_per_rank * dtype_size(geometry.conv_state_dtype)
 
 
 def vllm_group_sizes(num_attention_layers: int, num_mamba_layers: int) -> tuple[int, int, int]:
@@ -283,8 +355,9 @@ def vllm_attention_block_size(mamba_page_bytes: int, attention_page_bytes_per_to
 
 
 def _vllm(layout: PageLayout, available_memory: int, max_model_len: int, num_attention_layers: int,
-          attention_page_bytes_per_token: int, block_size: int | None) -> VllmCapacity:
-    mamba_page = layout.layer_page_bytes
+          attention_page_bytes_per_token: int, block_size: int | None, scheme: str | None = None,
+          layer_page_bytes: int | None = None) -> VllmCapacity:
+    mamba_page = layout.layer_page_bytes if layer_page_bytes is None else layer_page_bytes
     nsb = layout.spec.num_speculative_tokens if layout.scheme == "native" else 0
     num_mamba = layout.geometry.num_layers
     group_size, n_attn, n_mamba = vllm_group_sizes(num_attention_layers, num_mamba)
@@ -301,7 +374,7 @@ def _vllm(layout: PageLayout, available_memory: int, max_model_len: int, num_att
     num_blocks = available_memory // bytes_per_block
     concurrency = num_blocks / blocks_per_request
     return VllmCapacity(
-        scheme=layout.scheme,
+        scheme=layout.scheme if scheme is None else scheme,
         mamba_page_bytes=mamba_page,
         attention_page_bytes_per_token=attention_page_bytes_per_token,
         block_size=bs,
@@ -353,30 +426,48 @@ def plan_capacity(
     count_attention: bool = True,
     vllm_compatible: bool = False,
     block_size: int | None = None,
+    weight_dtype: str = "bf16",
+    weights_memory: int | str | None = None,
+    reserve_memory: int | str | None = None,
+    kv_cache_memory: int | str | None = None,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None,
+    cuda_graph_memory: int | str = DEFAULT_CUDA_GRAPH_BYTES,
+    non_torch_memory: int | str = DEFAULT_NON_TORCH_BYTES,
 ) -> CapacityPlan:
-    """Plan how many concurrent requests fit, native (1 + K pages) vs replay (1 page).
+    """Plan how many concurrent requests a deployment holds: native (1 + K pages), vLLM's ReplaySSM, ssmstate.
 
     Args:
         model: a preset name (``"nemotron-h-8b"``), a ``config.json`` path, or a :class:`ModelConfig`.
         gpu_memory: bytes of one GPU, as an int or a size string (``"80GiB"``, ``"141GB"``).
         gpu: a GPU name from :data:`ssmstate.gpus.GPUS` (``"H100-80GB"``, ``"H200"``, ``"B200"``,
             ``"GB200"``); H200 when neither this nor ``gpu_memory`` is given.
-        gpu_utilization: share of the GPU budgeted for Mamba state and attention KV
-            (vLLM's ``gpu_memory_utilization``; weights and activations are not
-            subtracted: pass the KV-cache memory vLLM logs and 1.0 to match a run).
+        gpu_utilization: vLLM's ``gpu_memory_utilization``: the share of the GPU for everything vLLM owns
+            (weights, runtime reserve, Mamba state and attention KV).
         tp_size: tensor-parallel size; must divide heads, groups and conv channels.
         num_speculative_tokens: K.
-        window: W, the replay window.
+        window: W, the replay ring history.
         state_dtype, act_dtype: SSM state dtype and activation (ring, conv, KV) dtype.
-        max_model_len: tokens per request for the attention KV charge; the model's
+        max_model_len: tokens per request for the attention KV charge (the context length); the model's
             maximum when None.
         count_attention: charge attention KV (False: Mamba state only).
-        vllm_compatible: also compute vLLM 0.33.0's figures (``vllm_native``, ``vllm_replay``).
+        vllm_compatible: also compute vLLM 0.33.0's "Maximum concurrency" figures.
         block_size: vLLM's starting attention block size (``--block-size``); 16 when None.
+        weight_dtype: ``bf16``, ``fp16``, ``fp8`` or ``nvfp4`` for the weight count.
+        weights_memory: the weights' bytes on one rank as measured (vLLM's "Model loading took"), instead of
+            the count from the config.
+        reserve_memory: the runtime reserve as measured, instead of the model of vLLM's profile run.
+        kv_cache_memory: the state + KV budget itself (vLLM's "Available KV cache memory"); weights and
+            reserve are then not subtracted and ``gpu_utilization`` is not used.
+        max_num_batched_tokens, max_num_seqs: the profile run's sizes (vLLM's flags of the same names); None:
+            what ``vllm serve`` picks for this GPU's memory (8192 and 1024 on an H100 or H200).
+        cuda_graph_memory, non_torch_memory: the reserve's two start-up measurements (0 for eager mode).
 
     Raises:
-        ConfigError: unknown model or GPU, bad sizes, TP not dividing the model.
-        CapacityError: the budget holds no request of one of the schemes.
+        ConfigError: unknown model or GPU, bad sizes, TP not dividing the model, a model whose weights
+            cannot be counted (give ``weights_memory``).
+        CapacityError: the budget holds no request of native or ssmstate's scheme, or the weights and
+            reserve leave nothing.
     """
     cfg = model if isinstance(model, ModelConfig) else load_model(model)
     if isinstance(gpu_utilization, bool) or not isinstance(gpu_utilization, (int, float)) \
@@ -386,10 +477,34 @@ def plan_capacity(
     if block_size is not None:
         _check_positive_int("block_size", block_size)
     memory, gpu_name = _resolve_memory(gpu_memory, gpu)
-    budget = int(memory * gpu_utilization)
+    default_tokens, default_seqs = vllm_serve_defaults(memory)
+    max_num_batched_tokens = _check_positive_int(
+        "max_num_batched_tokens", default_tokens if max_num_batched_tokens is None else max_num_batched_tokens)
+    max_num_seqs = _check_positive_int("max_num_seqs", default_seqs if max_num_seqs is None else max_num_seqs)
+    requested = math.ceil(memory * gpu_utilization)
     mml = cfg.max_model_len if max_model_len is None else _check_positive_int("max_model_len", max_model_len)
     geometry = cfg.mamba_geometry(state_dtype=state_dtype, act_dtype=act_dtype, tp_size=tp_size)
     spec = SpecConfig(num_speculative_tokens, window)
+    weights: WeightMemory | None = None
+    reserve: RuntimeReserve | None = None
+    if kv_cache_memory is not None:
+        budget = parse_size(kv_cache_memory)
+    else:
+        weights = (measured_weights(parse_size(weights_memory), weight_dtype) if weights_memory is not None
+                   else weight_memory(cfg, weight_dtype, tp_size))
+        reserve = (measured_reserve(_size_or_zero(reserve_memory)) if reserve_memory is not None
+                   else runtime_reserve(cfg, tp_size, max_num_batched_tokens, max_num_seqs,
+                                        non_torch_bytes=_size_or_zero(non_torch_memory),
+                                        cuda_graph_bytes=_size_or_zero(cuda_graph_memory)))
+        budget = requested - weights.total_bytes - reserve.total_bytes
+        if budget <= 0:
+            raise CapacityError(
+                f"{cfg.name} does not fit: {format_size(requested)} ({format_size(memory)} x {gpu_utilization:g}) "
+                f"minus {format_size(weights.total_bytes)} of {weights.weight_dtype} weights and "
+                f"{format_size(reserve.total_bytes)} of runtime reserve leaves nothing for request state "
+                f"(raise --gpu-utilization or --tp, or use a smaller --weight-dtype)",
+                required=weights.total_bytes + reserve.total_bytes, available=requested, unit="bytes",
+            )
     attn = cfg.attention
     if attn is not None:
         attn = attrs.evolve(attn, kv_dtype=geometry.act_dtype)
@@ -406,12 +521,22 @@ def plan_capacity(
                 required=cap.total_bytes_per_request + cap.allocated_bytes_per_page,
                 available=budget, unit="bytes",
             )
-    vllm: dict[str, VllmCapacity | None] = {"native": None, "replay": None}
+    vr_window = min(window, VLLM_REPLAYSSM_MAX_WINDOW)
+    vr_spec = SpecConfig(num_speculative_tokens, vr_window) if num_speculative_tokens + 1 <= vr_window else None
+    vr_page = vllm_replayssm_layer_page_bytes(geometry, vr_spec) if vr_spec is not None else None
+    vr_layout = PageLayout("replay", geometry, vr_spec) if vr_spec is not None else None
+    vllm_replayssm = None
+    if vr_layout is not None and vr_page is not None:
+        vllm_replayssm = _ideal(vr_layout, budget, per_token * mml, "vllm_replayssm", vr_page)
+    vllm: dict[str, VllmCapacity | None] = {"native": None, "replay": None, "vllm_replayssm": None}
     if vllm_compatible:
         vllm_attn_layers = num_attn if count_attention else 0
         attn_page_1 = attn.kv_bytes_per_token_per_layer(tp_size) if attn is not None else 0
         for s, layout in layouts.items():
             vllm[s] = _vllm(layout, budget, mml, vllm_attn_layers, attn_page_1, block_size)
+        if vr_layout is not None and vr_page is not None:
+            vllm["vllm_replayssm"] = _vllm(vr_layout, budget, mml, vllm_attn_layers, attn_page_1, block_size,
+                                           "vllm_replayssm", vr_page)
     return CapacityPlan(
         model=cfg.name,
         geometry=geometry,
@@ -419,6 +544,9 @@ def plan_capacity(
         gpu=gpu_name,
         gpu_memory=memory,
         gpu_utilization=float(gpu_utilization),
+        requested_bytes=requested,
+        weights=weights,
+        reserve=reserve,
         budget_bytes=budget,
         max_model_len=mml,
         count_attention=count_attention and num_attn > 0,
@@ -426,9 +554,19 @@ def plan_capacity(
         attention_bytes_per_token=per_token,
         native=ideal["native"],
         replay=ideal["replay"],
+        vllm_replayssm=vllm_replayssm,
+        vllm_replayssm_window=vr_window,
         vllm_native=vllm["native"],
         vllm_replay=vllm["replay"],
+        vllm_vllm_replayssm=vllm["vllm_replayssm"],
     )
+
+
+def _size_or_zero(value: int | str | None) -> int:
+    """A size that may be 0 (``"0"``, 0): the reserve's parts can be absent."""
+    if value is None or value == 0 or (isinstance(value, str) and value.strip() in ("0", "0B", "0GiB")):
+        return 0
+    return parse_size(value)
 
 
 def sweep_k(model: str | os.PathLike[str] | ModelConfig, ks: Iterable[int] = range(0, 9),
@@ -444,3 +582,26 @@ def sweep_k(model: str | os.PathLike[str] | ModelConfig, ks: Iterable[int] = ran
         raise ConfigError("sweep_k sets num_speculative_tokens itself; pass ks")
     kwargs.setdefault("window", max(16, 1 + max(ks)))
     return [plan_capacity(model, num_speculative_tokens=k, **kwargs) for k in ks]
+
+
+def sweep_k_fitting(model: str | os.PathLike[str] | ModelConfig, ks: Iterable[int] = range(0, 9),
+                    **kwargs: Any) -> tuple[list[CapacityPlan], dict[int, str]]:
+    """:func:`sweep_k` that keeps going past a K whose plan fails: ``(plans, {K: reason})``.
+
+    A K fails when the budget holds no request (``CapacityError``) or the window cannot hold it
+    (``ConfigError`` from :class:`SpecConfig`).
+    """
+    ks = list(ks)
+    if not ks:
+        raise ConfigError("sweep_k needs at least one K")
+    if "num_speculative_tokens" in kwargs:
+        raise ConfigError("sweep_k sets num_speculative_tokens itself; pass ks")
+    kwargs.setdefault("window", max(16, 1 + max(ks)))
+    plans: list[CapacityPlan] = []
+    failed: dict[int, str] = {}
+    for k in ks:
+        try:
+            plans.append(plan_capacity(model, num_speculative_tokens=k, **kwargs))
+        except CapacityError as exc:
+            failed[k] = str(exc)
+    return plans, failed

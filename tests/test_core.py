@@ -73,7 +73,7 @@ def test_config_errors(tmp_path):
     with pytest.raises(ConfigError):
         SpecConfig(-1)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(ConfigError, match="neither NemotronH nor Mamba2"):
+    with pytest.raises(ConfigError, match="not a supported hybrid Mamba2 model"):
         load_model(tmp_path)
 
 

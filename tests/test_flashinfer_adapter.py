@@ -114,7 +114,7 @@ def test_missing_flashinfer_names_the_extra(no_flashinfer):
         fb.FlashInferBackend().check(nemotron_layout(), torch.device("cuda"))
     msg = str(ei.value)
     assert "flashinfer-python cannot be imported" in msg
-    assert "ssmstate[flashinfer]" in msg and "'reference'" in msg and "'triton'" in msg
+    assert "flashinfer-python>=0.7.2" in msg and "'reference'" in msg and "'triton'" in msg
     with pytest.raises(BackendUnavailableError, match="ssmstate\\[flashinfer\\]"):
         with fb.autotune([8]):
             pass

@@ -104,7 +104,7 @@ def test_attention_bytes_come_from_attention_geometry() -> None:
 @pytest.mark.parametrize("budget", [250_000, 1 * MiB, 3 * MiB + 12345])
 def test_measured_concurrency_equals_plan_mamba_only(k: int, budget: int) -> None:
     model = _tiny_model()
-    plan = plan_capacity(model, gpu_memory=budget, gpu_utilization=1.0, num_speculative_tokens=k,
+    plan = plan_capacity(model, kv_cache_memory=budget, num_speculative_tokens=k,
                          count_attention=False)
     for scheme in ("native", "replay"):
         cap = plan.scheme(scheme)
@@ -121,7 +121,7 @@ def test_measured_concurrency_equals_plan_mamba_only(k: int, budget: int) -> Non
 def test_measured_concurrency_with_attention_equals_plan(budget: int, k: int, layers: int, state: str) -> None:
     """With attention KV charged, n pools of pages plus n KV reservations fit and n + 1 do not."""
     model = _tiny_model(layers)
-    plan = plan_capacity(model, gpu_memory=budget, gpu_utilization=1.0, num_speculative_tokens=k,
+    plan = plan_capacity(model, kv_cache_memory=budget, num_speculative_tokens=k,
                          state_dtype=state, max_model_len=64)
     assert plan.attention_bytes_per_token == 2 * 16 * 2  # one layer, one KV head of 16, bf16
     for scheme in ("native", "replay"):
@@ -192,7 +192,7 @@ def test_vllm_compatible_nemotron_h_8b_k3_by_hand() -> None:
     blocks/request: native cdiv(8192,1056) + 6*(1+3) = 32; replay cdiv(8192,1152) + 6*1 = 14
     bytes/block = 4 * block_size * 4096; num_blocks = 100 GiB // bytes/block
     """
-    plan = plan_capacity("nemotron-h-8b", gpu_memory="100GiB", gpu_utilization=1.0, num_speculative_tokens=3,
+    plan = plan_capacity("nemotron-h-8b", kv_cache_memory="100GiB", num_speculative_tokens=3,
                          vllm_compatible=True)
     vn, vr = plan.vllm_native, plan.vllm_replay
     assert vn is not None and vr is not None
@@ -216,7 +216,7 @@ def test_vllm_compatible_nemotron_h_8b_k3_by_hand() -> None:
 
 def test_vllm_compatible_attention_free_and_block_size() -> None:
     """No attention: one group of every Mamba layer, no padding; ``--block-size`` raises the alignment."""
-    plan = plan_capacity("nemotron-h-8b", gpu_memory="100GiB", gpu_utilization=1.0, count_attention=False,
+    plan = plan_capacity("nemotron-h-8b", kv_cache_memory="100GiB", count_attention=False,
                          vllm_compatible=True)
     vn, vr = plan.vllm_native, plan.vllm_replay
     assert vn.block_size is None and vn.page_bytes == 4_317_184 and vn.padding_fraction == 0
@@ -271,7 +271,8 @@ def test_plan_inputs() -> None:
     assert plan_capacity("nemotron-h-8b").gpu == "H200"
     assert plan_capacity("nemotron-h-8b", gpu="B200").gpu_memory == 183359 * MiB
     p = plan_capacity("nemotron-h-8b", gpu_memory="80GiB", gpu_utilization=0.5)
-    assert p.gpu is None and p.budget_bytes == 40 * GiB
+    assert p.gpu is None and p.requested_bytes == 40 * GiB
+    assert p.budget_bytes == 40 * GiB - p.weights.total_bytes - p.reserve.total_bytes
     with pytest.raises(ConfigError, match="not both"):
         plan_capacity("nemotron-h-8b", gpu="H200", gpu_memory="80GiB")
     for util in (0, 1.5, -0.1, True):
@@ -391,7 +392,7 @@ def test_vllm_compatible_matches_vllm_0_33_source() -> None:
     for preset in preset_names():
         for tp, k, count_attention in ((1, 3, True), (8, 0, True), (2, 7, True), (1, 3, False)):
             plan = plan_capacity(preset, tp_size=tp, num_speculative_tokens=k, count_attention=count_attention,
-                                 max_model_len=32768, vllm_compatible=True)
+                                 max_model_len=32768, vllm_compatible=True, kv_cache_memory="100GiB")
             for scheme in ("native", "replay"):
                 mine = plan.vllm_native if scheme == "native" else plan.vllm_replay
                 for layout_name in ("LBHNC", "BLHNC"):  # layer-outer and block-outer layouts

@@ -158,8 +158,9 @@ def test_spec_page_is_the_layout_page_on_both_sizing_paths(vllm_mod, configs):
     vc = configs[(True, 8192)]
     layout = sv.layout_from_vllm_config(vc)
     spec = our_spec(sv, vc)
-    plan = plan_capacity(MODEL, gpu_memory="64GiB", gpu_utilization=1.0, num_speculative_tokens=K,
-                         max_model_len=8192, vllm_compatible=True, block_size=default_block_size())
+    plan = plan_capacity(MODEL, kv_cache_memory="64GiB", num_speculative_tokens=K,
+                         max_model_len=8192, vllm_compatible=True,
+                         block_size=default_block_size())
     assert spec.num_speculative_blocks == 0
     assert spec.real_page_size_bytes == layout.layer_page_bytes == plan.replay.layer_page_bytes
     # Config-time path (what the platform sizes the attention block with) agrees with the layer path.
@@ -320,7 +321,7 @@ def test_max_concurrency_matches_planner(vllm_mod, configs, max_model_len):
     memory = 64 << 30
     ours = _max_concurrency(configs[(True, max_model_len)], our_spec(sv, configs[(True, max_model_len)]), memory)
     stock = _max_concurrency(configs[(False, max_model_len)], stock_spec(configs[(False, max_model_len)]), memory)
-    plan = plan_capacity(MODEL, gpu_memory=memory, gpu_utilization=1.0, num_speculative_tokens=K, window=16,
+    plan = plan_capacity(MODEL, kv_cache_memory=memory, num_speculative_tokens=K, window=16,
                          state_dtype="float32", max_model_len=max_model_len, vllm_compatible=True,
                          block_size=default_block_size())
     assert ours == plan.vllm_replay.max_concurrency

@@ -74,7 +74,7 @@ _TWO_BYTE = (torch.bfloat16, torch.float16)
 _STATE = (torch.float32, torch.bfloat16, torch.float16)
 _INT32_MAX = 2**31 - 1
 _OTHERS = "backends that can run it: 'reference' (PyTorch, any device) and 'triton'"
-_INSTALL = "pip install 'ssmstate[flashinfer]' (flashinfer-python>=0.7.2)"
+_INSTALL = "pip install -e '.[flashinfer]' from a checkout (flashinfer-python>=0.7.2)"
 
 
 # -- checks that need no flashinfer ----------------------------------------------

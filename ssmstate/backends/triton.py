@@ -21,7 +21,7 @@ from ssmstate.plan import StepPlan
 try:
     import triton  # noqa: F401
 except ImportError as _exc:  # pragma: no cover - exercised only where triton is absent
-    _TRITON_ERROR: str | None = f"triton is not importable ({_exc}); pip install 'ssmstate[triton]'"
+    _TRITON_ERROR: str | None = f"triton is not importable ({_exc}); pip install triton, or pip install -e '.[triton]' from a checkout"
 else:
     _TRITON_ERROR = None
 
