@@ -1,9 +1,9 @@
 """Capacity planning: how many concurrent requests a deployment holds, for three ways of keeping Mamba state.
 
 The budget is vLLM's: ``total x gpu_utilization`` is everything vLLM may own on one GPU; the model
-weights and the runtime reserve of its start-up profile (:mod:`ssmstate.weights`) come out of it and
-the rest holds request state and attention KV. ``kv_cache_memory`` gives that rest directly (what vLLM
-logs as "Available KV cache memory").
+weights and the runtime reserve of its start-up profile (:mod:`ssmstate.weights`) come out of it
+(:mod:`ssmstate.budget`) and the rest holds request state and attention KV. ``kv_cache_memory`` gives
+that rest directly (what vLLM logs as "Available KV cache memory").
 
 The three schemes:
 
@@ -34,28 +34,24 @@ Two figures per scheme:
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Iterable
 
 import attrs
 
+from ssmstate.budget import (
+    check_gpu_utilization,
+    check_positive_int,
+    profile_sizes,
+    resolve_gpu_memory,
+    state_budget,
+)
 from ssmstate.dtypes import dtype_size
 from ssmstate.errors import CapacityError, ConfigError
-from ssmstate.geometry import Mamba2Geometry, ModelConfig, load_model
-from ssmstate.gpus import DEFAULT_GPU, format_size, lookup_gpu, parse_size
+from ssmstate.geometry import AttentionGeometry, Mamba2Geometry, ModelConfig, load_model
+from ssmstate.gpus import format_size
 from ssmstate.layout import PageLayout, SpecConfig
-from ssmstate.weights import (
-    DEFAULT_CUDA_GRAPH_BYTES,
-    DEFAULT_NON_TORCH_BYTES,
-    RuntimeReserve,
-    WeightMemory,
-    measured_reserve,
-    measured_weights,
-    runtime_reserve,
-    vllm_serve_defaults,
-    weight_memory,
-)
+from ssmstate.weights import DEFAULT_CUDA_GRAPH_BYTES, DEFAULT_NON_TORCH_BYTES, RuntimeReserve, WeightMemory
 
 #: vLLM's ``CacheConfig.DEFAULT_BLOCK_SIZE``: the attention block size before hybrid alignment.
 VLLM_DEFAULT_BLOCK_SIZE = 16
@@ -394,45 +390,87 @@ def _vllm(layout: PageLayout, available_memory: int, max_model_len: int, num_att
     )
 
 
+# -- the schemes of one plan ---------------------------------------------------
+
+@attrs.frozen
+class _Schemes:
+    """The per-scheme figures of one plan (the :class:`CapacityPlan` fields of the same names)."""
+
+    native: SchemeCapacity
+    replay: SchemeCapacity
+    vllm_replayssm: SchemeCapacity | None
+    vllm_replayssm_window: int
+    vllm_native: VllmCapacity | None
+    vllm_replay: VllmCapacity | None
+    vllm_vllm_replayssm: VllmCapacity | None
+
+
+def _ideal_fitting(model_name: str, layouts: dict[str, PageLayout], budget: int,
+                   attention_bytes: int) -> dict[str, SchemeCapacity]:
+    """The ideal figure of each layout; CapacityError where the budget holds no request."""
+    ideal = {s: _ideal(layout, budget, attention_bytes) for s, layout in layouts.items()}
+    for s, cap in ideal.items():
+        if cap.max_concurrency == 0:
+            raise CapacityError(
+                f"a budget of {format_size(budget)} ({budget} bytes) holds no {s} request of {model_name} "
+                f"(one needs {format_size(cap.total_bytes_per_request)} plus the "
+                f"{format_size(cap.allocated_bytes_per_page)} null page)",
+                required=cap.total_bytes_per_request + cap.allocated_bytes_per_page,
+                available=budget, unit="bytes",
+            )
+    return ideal
+
+
+def _vllm_replayssm_page(geometry: Mamba2Geometry, num_speculative_tokens: int,
+                         window: int) -> tuple[int, PageLayout | None, int | None]:
+    """``(window, layout, layer page)`` of vLLM's ReplaySSM; layout and page are None where it does not run."""
+    vr_window = min(window, VLLM_REPLAYSSM_MAX_WINDOW)
+    if num_speculative_tokens + 1 > vr_window:
+        return vr_window, None, None
+    vr_spec = SpecConfig(num_speculative_tokens, vr_window)
+    return vr_window, PageLayout("replay", geometry, vr_spec), vllm_replayssm_layer_page_bytes(geometry, vr_spec)
+
+
+def _schemes(model_name: str, geometry: Mamba2Geometry, spec: SpecConfig, budget: int,
+             attn: AttentionGeometry | None, per_token: int, max_model_len: int, count_attention: bool,
+             vllm_compatible: bool, block_size: int | None) -> _Schemes:
+    """Every scheme's figures for one budget.
+
+    ``attn`` carries the KV dtype, ``per_token`` is its charged KV bytes per token on one rank (0 when not
+    counted) and ``geometry`` gives the TP size.
+    """
+    tp_size = geometry.tp_size
+    layouts = {s: PageLayout(s, geometry, spec) for s in ("native", "replay")}
+    ideal = _ideal_fitting(model_name, layouts, budget, per_token * max_model_len)
+    vr_window, vr_layout, vr_page = _vllm_replayssm_page(geometry, spec.num_speculative_tokens, spec.window)
+    vllm_replayssm = None
+    if vr_layout is not None and vr_page is not None:
+        vllm_replayssm = _ideal(vr_layout, budget, per_token * max_model_len, "vllm_replayssm", vr_page)
+    vllm: dict[str, VllmCapacity | None] = {"native": None, "replay": None, "vllm_replayssm": None}
+    if vllm_compatible:
+        vllm_attn_layers = attn.num_layers if (attn is not None and count_attention) else 0
+        attn_page_1 = attn.kv_bytes_per_token_per_layer(tp_size) if attn is not None else 0
+        for s, layout in layouts.items():
+            vllm[s] = _vllm(layout, budget, max_model_len, vllm_attn_layers, attn_page_1, block_size)
+        if vr_layout is not None and vr_page is not None:
+            vllm["vllm_replayssm"] = _vllm(vr_layout, budget, max_model_len, vllm_attn_layers, attn_page_1,
+                                           block_size, "vllm_replayssm", vr_page)
+    return _Schemes(ideal["native"], ideal["replay"], vllm_replayssm, vr_window,
+                    vllm["native"], vllm["replay"], vllm["vllm_replayssm"])
+
+
 # -- public entry points -------------------------------------------------------
-
-def _resolve_memory(gpu_memory: int | str | None, gpu: str | None) -> tuple[int, str | None]:
-    if gpu_memory is not None and gpu is not None:
-        raise ConfigError("give a GPU name or a memory size, not both")
-    if gpu_memory is not None:
-        return parse_size(gpu_memory), None
-    info = lookup_gpu(DEFAULT_GPU if gpu is None else gpu)
-    return info.total_bytes, info.name
-
-
-def _check_positive_int(name: str, value: object, minimum: int = 1) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
 
 def plan_capacity(
     model: str | os.PathLike[str] | ModelConfig,
     *,
-    gpu_memory: int | str | None = None,
-    gpu: str | None = None,
-    gpu_utilization: float = 0.9,
-    tp_size: int = 1,
-    num_speculative_tokens: int = 3,
-    window: int = 16,
-    state_dtype: str = "float32",
-    act_dtype: str = "bfloat16",
-    max_model_len: int | None = None,
-    count_attention: bool = True,
-    vllm_compatible: bool = False,
-    block_size: int | None = None,
-    weight_dtype: str = "bf16",
-    weights_memory: int | str | None = None,
-    reserve_memory: int | str | None = None,
-    kv_cache_memory: int | str | None = None,
-    max_num_batched_tokens: int | None = None,
-    max_num_seqs: int | None = None,
-    cuda_graph_memory: int | str = DEFAULT_CUDA_GRAPH_BYTES,
+    gpu_memory: int | str | None = None, gpu: str | None = None, gpu_utilization: float = 0.9, tp_size: int = 1,
+    num_speculative_tokens: int = 3, window: int = 16, state_dtype: str = "float32", act_dtype: str = "bfloat16",
+    max_model_len: int | None = None, count_attention: bool = True,
+    vllm_compatible: bool = False, block_size: int | None = None,
+    weight_dtype: str = "bf16", weights_memory: int | str | None = None, reserve_memory: int | str | None = None,
+    kv_cache_memory: int | str | None = None, max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None, cuda_graph_memory: int | str = DEFAULT_CUDA_GRAPH_BYTES,
     non_torch_memory: int | str = DEFAULT_NON_TORCH_BYTES,
 ) -> CapacityPlan:
     """Plan how many concurrent requests a deployment holds: native (1 + K pages), vLLM's ReplaySSM, ssmstate.
@@ -470,103 +508,34 @@ def plan_capacity(
             reserve leave nothing.
     """
     cfg = model if isinstance(model, ModelConfig) else load_model(model)
-    if isinstance(gpu_utilization, bool) or not isinstance(gpu_utilization, (int, float)) \
-            or not 0 < gpu_utilization <= 1:
-        raise ConfigError(f"gpu_utilization must be in (0, 1], got {gpu_utilization!r}")
-    _check_positive_int("tp_size", tp_size)
+    check_gpu_utilization(gpu_utilization)
+    check_positive_int("tp_size", tp_size)
     if block_size is not None:
-        _check_positive_int("block_size", block_size)
-    memory, gpu_name = _resolve_memory(gpu_memory, gpu)
-    default_tokens, default_seqs = vllm_serve_defaults(memory)
-    max_num_batched_tokens = _check_positive_int(
-        "max_num_batched_tokens", default_tokens if max_num_batched_tokens is None else max_num_batched_tokens)
-    max_num_seqs = _check_positive_int("max_num_seqs", default_seqs if max_num_seqs is None else max_num_seqs)
-    requested = math.ceil(memory * gpu_utilization)
-    mml = cfg.max_model_len if max_model_len is None else _check_positive_int("max_model_len", max_model_len)
+        check_positive_int("block_size", block_size)
+    memory, gpu_name = resolve_gpu_memory(gpu_memory, gpu)
+    batched_tokens, seqs = profile_sizes(memory, max_num_batched_tokens, max_num_seqs)
+    mml = cfg.max_model_len if max_model_len is None else check_positive_int("max_model_len", max_model_len)
     geometry = cfg.mamba_geometry(state_dtype=state_dtype, act_dtype=act_dtype, tp_size=tp_size)
     spec = SpecConfig(num_speculative_tokens, window)
-    weights: WeightMemory | None = None
-    reserve: RuntimeReserve | None = None
-    if kv_cache_memory is not None:
-        budget = parse_size(kv_cache_memory)
-    else:
-        weights = (measured_weights(parse_size(weights_memory), weight_dtype) if weights_memory is not None
-                   else weight_memory(cfg, weight_dtype, tp_size))
-        reserve = (measured_reserve(_size_or_zero(reserve_memory)) if reserve_memory is not None
-                   else runtime_reserve(cfg, tp_size, max_num_batched_tokens, max_num_seqs,
-                                        non_torch_bytes=_size_or_zero(non_torch_memory),
-                                        cuda_graph_bytes=_size_or_zero(cuda_graph_memory)))
-        budget = requested - weights.total_bytes - reserve.total_bytes
-        if budget <= 0:
-            raise CapacityError(
-                f"{cfg.name} does not fit: {format_size(requested)} ({format_size(memory)} x {gpu_utilization:g}) "
-                f"minus {format_size(weights.total_bytes)} of {weights.weight_dtype} weights and "
-                f"{format_size(reserve.total_bytes)} of runtime reserve leaves nothing for request state "
-                f"(raise --gpu-utilization or --tp, or use a smaller --weight-dtype)",
-                required=weights.total_bytes + reserve.total_bytes, available=requested, unit="bytes",
-            )
-    attn = cfg.attention
-    if attn is not None:
-        attn = attrs.evolve(attn, kv_dtype=geometry.act_dtype)
+    budget = state_budget(cfg, memory, gpu_utilization, tp_size, max_num_batched_tokens=batched_tokens,
+                          max_num_seqs=seqs, weight_dtype=weight_dtype, weights_memory=weights_memory,
+                          reserve_memory=reserve_memory, kv_cache_memory=kv_cache_memory,
+                          cuda_graph_memory=cuda_graph_memory, non_torch_memory=non_torch_memory)
+    attn = None if cfg.attention is None else attrs.evolve(cfg.attention, kv_dtype=geometry.act_dtype)
     num_attn = attn.num_layers if attn is not None else 0
     per_token = attn.kv_bytes_per_token(tp_size) if (attn is not None and count_attention) else 0
-    layouts = {s: PageLayout(s, geometry, spec) for s in ("native", "replay")}
-    ideal = {s: _ideal(layout, budget, per_token * mml) for s, layout in layouts.items()}
-    for s, cap in ideal.items():
-        if cap.max_concurrency == 0:
-            raise CapacityError(
-                f"a budget of {format_size(budget)} ({budget} bytes) holds no {s} request of {cfg.name} "
-                f"(one needs {format_size(cap.total_bytes_per_request)} plus the "
-                f"{format_size(cap.allocated_bytes_per_page)} null page)",
-                required=cap.total_bytes_per_request + cap.allocated_bytes_per_page,
-                available=budget, unit="bytes",
-            )
-    vr_window = min(window, VLLM_REPLAYSSM_MAX_WINDOW)
-    vr_spec = SpecConfig(num_speculative_tokens, vr_window) if num_speculative_tokens + 1 <= vr_window else None
-    vr_page = vllm_replayssm_layer_page_bytes(geometry, vr_spec) if vr_spec is not None else None
-    vr_layout = PageLayout("replay", geometry, vr_spec) if vr_spec is not None else None
-    vllm_replayssm = None
-    if vr_layout is not None and vr_page is not None:
-        vllm_replayssm = _ideal(vr_layout, budget, per_token * mml, "vllm_replayssm", vr_page)
-    vllm: dict[str, VllmCapacity | None] = {"native": None, "replay": None, "vllm_replayssm": None}
-    if vllm_compatible:
-        vllm_attn_layers = num_attn if count_attention else 0
-        attn_page_1 = attn.kv_bytes_per_token_per_layer(tp_size) if attn is not None else 0
-        for s, layout in layouts.items():
-            vllm[s] = _vllm(layout, budget, mml, vllm_attn_layers, attn_page_1, block_size)
-        if vr_layout is not None and vr_page is not None:
-            vllm["vllm_replayssm"] = _vllm(vr_layout, budget, mml, vllm_attn_layers, attn_page_1, block_size,
-                                           "vllm_replayssm", vr_page)
+    schemes = _schemes(cfg.name, geometry, spec, budget.budget_bytes, attn, per_token, mml, count_attention,
+                       vllm_compatible, block_size)
     return CapacityPlan(
-        model=cfg.name,
-        geometry=geometry,
-        spec=spec,
-        gpu=gpu_name,
-        gpu_memory=memory,
-        gpu_utilization=float(gpu_utilization),
-        requested_bytes=requested,
-        weights=weights,
-        reserve=reserve,
-        budget_bytes=budget,
-        max_model_len=mml,
-        count_attention=count_attention and num_attn > 0,
-        num_attention_layers=num_attn,
-        attention_bytes_per_token=per_token,
-        native=ideal["native"],
-        replay=ideal["replay"],
-        vllm_replayssm=vllm_replayssm,
-        vllm_replayssm_window=vr_window,
-        vllm_native=vllm["native"],
-        vllm_replay=vllm["replay"],
-        vllm_vllm_replayssm=vllm["vllm_replayssm"],
+        model=cfg.name, geometry=geometry, spec=spec, gpu=gpu_name, gpu_memory=memory,
+        gpu_utilization=float(gpu_utilization), requested_bytes=budget.requested_bytes, weights=budget.weights,
+        reserve=budget.reserve, budget_bytes=budget.budget_bytes, max_model_len=mml,
+        count_attention=count_attention and num_attn > 0, num_attention_layers=num_attn,
+        attention_bytes_per_token=per_token, native=schemes.native, replay=schemes.replay,
+        vllm_replayssm=schemes.vllm_replayssm, vllm_replayssm_window=schemes.vllm_replayssm_window,
+        vllm_native=schemes.vllm_native, vllm_replay=schemes.vllm_replay,
+        vllm_vllm_replayssm=schemes.vllm_vllm_replayssm,
     )
-
-
-def _size_or_zero(value: int | str | None) -> int:
-    """A size that may be 0 (``"0"``, 0): the reserve's parts can be absent."""
-    if value is None or value == 0 or (isinstance(value, str) and value.strip() in ("0", "0B", "0GiB")):
-        return 0
-    return parse_size(value)
 
 
 def sweep_k(model: str | os.PathLike[str] | ModelConfig, ks: Iterable[int] = range(0, 9),
