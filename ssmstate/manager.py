@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping as _MappingABC
-from typing import Any, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -11,8 +10,25 @@ import torch
 
 from ssmstate.backends import Backend, get_backend
 from ssmstate.cache import StateCache
+from ssmstate.checks import (
+    FLOATS,
+    check_A_values,
+    check_conv_inputs,
+    check_hashable,
+    check_host_pages,
+    check_page_ids,
+    check_request_ids,
+    check_tensor,
+    check_verify_inputs,
+    host_counts,
+    is_int,
+    resolve_device,
+    step_lengths,
+    step_rows,
+    tensor_version,
+)
+from ssmstate.engine_steps import EngineSteps
 from ssmstate.errors import (
-    BackendUnavailableError,
     ConfigError,
     DeviceCommitError,
     LifecycleError,
@@ -21,35 +37,12 @@ from ssmstate.errors import (
     UnknownRequestError,
 )
 from ssmstate.ops import reference as ref
-from ssmstate.layout import CURSORS_PER_PAGE, PageLayout
-from ssmstate.plan import StepPlan
+from ssmstate.layout import PageLayout
+from ssmstate.plan import RequestId, StepPlan
 from ssmstate.pool import PagePool
+from ssmstate.saved import SavedState, check_saved
 
-RequestId = Hashable
 Tensor = torch.Tensor
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-
-
-@attrs.frozen(eq=False)
-class SavedState:
-    """A preempted request on the host: every layer's page slices and the cursors.
-
-    Attributes:
-        layout: the layout it was saved from; resume checks it matches.
-        tensors: per layer, name -> (pages_per_request, *shape) CPU tensor.
-        cursors: (4, pages_per_request) int32 CPU tensor.
-    """
-
-    layout: PageLayout
-    tensors: tuple[dict[str, Tensor], ...]
-    cursors: Tensor
-
-    @property
-    def nbytes(self) -> int:
-        total = self.cursors.numel() * 4
-        for layer in self.tensors:
-            total += sum(t.numel() * t.element_size() for t in layer.values())
-        return total
 
 
 @attrs.define(eq=False)
@@ -57,113 +50,7 @@ class _Request:
     pages: list[int]
 
 
-def _is_int(v: object) -> bool:
-    """A Python or numpy integer, not a bool: what counts, sizes and indices accept."""
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
-def _check_hashable(request_id: object, verb: str) -> None:
-    try:
-        hash(request_id)
-    except TypeError:
-        raise SSMStateError(f"{verb}: a request id must be hashable, got {type(request_id).__name__}") from None
-
-
-def _request_ids(request_ids: object, verb: str) -> tuple[tuple[RequestId, ...], frozenset[RequestId]]:
-    """``request_ids`` (a list, tuple or other iterable; never a string) as a tuple of distinct hashable ids, and
-    their set."""
-    if isinstance(request_ids, (str, bytes)) or not isinstance(request_ids, Iterable):
-        raise SSMStateError(f"{verb}: request_ids must be a list or tuple of request ids, got {request_ids!r:.80}")
-    ids = tuple(request_ids)
-    try:
-        distinct = frozenset(ids)
-    except TypeError:
-        bad = next(type(r).__name__ for r in ids if not _hashable(r))
-        raise SSMStateError(f"{verb}: a request id must be hashable, got {bad}") from None
-    if len(distinct) != len(ids):
-        raise SSMStateError(f"{verb} got the same request twice")
-    return ids, distinct
-
-
-def _hashable(v: object) -> bool:
-    try:
-        hash(v)
-    except TypeError:
-        return False
-    return True
-
-
-def _check_A_values(A: Tensor) -> None:
-    """``SSMStateError`` unless every ``A <= 0`` (``A = -exp(A_log)``; NaN refused too). One host sync."""
-    bad = ~(A <= 0)
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0, 0])
-        raise SSMStateError(f"A must be <= 0 (A = -exp(A_log)), got A[{i}] = {float(A[i])}: every decay exponent "
-                            f"is clamped to <= 0, so a positive A would silently depart from the recurrence")
-
-
-def _tensor_version(t: Tensor) -> int:
-    try:
-        return t._version
-    except (RuntimeError, AttributeError):  # inference tensors keep no version counter
-        return -1
-
-
-def _span(t: Tensor) -> tuple[int, int]:
-    """The byte range ``t``'s elements occupy (strides are never negative in torch)."""
-    n = t.numel()
-    if n == 0:
-        return 0, 0
-    start = t.data_ptr()
-    if t.is_contiguous():
-        return start, start + n * t.element_size()
-    extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-    return start, start + extent * t.element_size()
-
-
-def _check_no_overlap(out: Tensor, inputs: Mapping[str, Tensor | None]) -> None:
-    """``ShapeError`` if ``out`` shares memory with an input: a backend may write ``out`` before it has read
-    every input, so in-place outputs are refused on every backend alike."""
-    o0, o1 = _span(out)
-    for name, t in inputs.items():
-        if t is None:
-            continue
-        a0, a1 = _span(t)
-        if a0 < o1 and o0 < a1:
-            raise ShapeError(f"out overlaps {name}: pass an output buffer that shares no memory with the inputs")
-
-
-def _device(device: object) -> torch.device:
-    try:
-        dev = torch.device(device)  # type: ignore[arg-type]
-    except (TypeError, RuntimeError, ValueError):
-        raise ConfigError(f"device must be a torch.device or a name like 'cpu' or 'cuda:0', got {device!r}") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise BackendUnavailableError(f"device {dev} was asked for, but cuda is not available here")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        elif dev.index >= torch.cuda.device_count():
-            raise BackendUnavailableError(f"device {dev}: cuda has {torch.cuda.device_count()} devices here")
-    elif dev.type != "cpu":
-        raise ConfigError(f"device must be a cpu or cuda device, got {dev}")
-    return dev
-
-
-def _check_tensor(name: str, t: object, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...],
-                  device: torch.device) -> Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise ShapeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if tuple(t.shape) != shape:
-        raise ShapeError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
-    if t.dtype not in dtypes:
-        raise ShapeError(f"{name} has dtype {t.dtype}, expected one of {[str(d) for d in dtypes]}")
-    if t.device != device:
-        raise ShapeError(f"{name} is on {t.device}, expected {device}")
-    return t
-
-
-class StateManager:
+class StateManager(EngineSteps):
     """Owns the pages, cursors and step lifecycle of every request's recurrent state.
 
     Args:
@@ -192,15 +79,15 @@ class StateManager:
                  cache: StateCache | None = None, backend_options: Mapping[str, Any] | None = None) -> None:
         if not isinstance(layout, PageLayout):
             raise ConfigError(f"layout must be a PageLayout (PageLayout.replay or .native), got {layout!r:.80}")
-        if not _is_int(num_pages) or num_pages < 1:
+        if not is_int(num_pages) or num_pages < 1:
             raise SSMStateError(f"num_pages must be an int >= 1 (page 0 is the null page), got {num_pages!r:.80}")
         num_pages = int(num_pages)
-        if max_batch is not None and (not _is_int(max_batch) or max_batch < 1):
+        if max_batch is not None and (not is_int(max_batch) or max_batch < 1):
             raise SSMStateError(f"max_batch must be an int >= 1 or None, got {max_batch!r:.80}")
         if cache is not None and not isinstance(cache, StateCache):
             raise ConfigError(f"cache must be a StateCache (StateCache.from_tensors) or None, got {cache!r:.80}")
         self.layout = layout
-        self.device = _device(device)
+        self.device = resolve_device(device)
         self.backend: Backend = get_backend(backend, backend_options)
         self.backend.check(layout, self.device)
         self.pool = PagePool(num_pages)
@@ -273,7 +160,7 @@ class StateManager:
         return self._get(request_id).pages[0]
 
     def can_admit(self, n: int = 1) -> bool:
-        if not _is_int(n) or n < 0:
+        if not is_int(n) or n < 0:
             raise SSMStateError(f"can_admit: n must be an int >= 0, got {n!r:.80}")
         return self.pool.can_allocate(int(n) * self.layout.pages_per_request)
 
@@ -298,7 +185,7 @@ class StateManager:
         return req
 
     def _check_layer(self, layer: object) -> int:
-        if not _is_int(layer) or not 0 <= layer < self.num_layers:  # type: ignore[operator]
+        if not is_int(layer) or not 0 <= layer < self.num_layers:  # type: ignore[operator]
             raise SSMStateError(f"layer must be an int in [0, {self.num_layers}), got {layer!r:.80}")
         return int(layer)  # type: ignore[call-overload]
 
@@ -306,12 +193,12 @@ class StateManager:
         """Refuse ``A > 0`` once per A tensor (and in-place change of it): a sync the first time a tensor is seen,
         none after. Inside a CUDA-graph capture (no sync possible) an unseen tensor is checked at its next call
         outside one."""
-        seen, version = self._A_checked[layer], _tensor_version(A)
+        seen, version = self._A_checked[layer], tensor_version(A)
         if seen is not None and seen[0] is A and seen[1] == version:
             return
         if A.is_cuda and torch.cuda.is_current_stream_capturing():
             return
-        _check_A_values(A)
+        check_A_values(A)
         self._A_checked[layer] = (A, version)
 
     def _conv_end(self, page: int) -> int:
@@ -322,7 +209,7 @@ class StateManager:
     # -- admission ----------------------------------------------------------------
     def admit(self, request_id: RequestId) -> int:
         """Allocate a request's page(s), zero its state and cursors; return its (first) page."""
-        _check_hashable(request_id, "admit")
+        check_hashable(request_id, "admit")
         if request_id in self._requests:
             raise LifecycleError(f"request {request_id!r} is already admitted")
         pages = self.pool.allocate(self.layout.pages_per_request)
@@ -362,10 +249,10 @@ class StateManager:
         req = self._idle(request_id, "write_state")
         layer = self._check_layer(layer)
         g = self.geometry
-        _check_tensor("ssm_state", ssm_state, (g.heads_per_rank, g.head_dim, g.state_size), _FLOATS, self.device)
+        check_tensor("ssm_state", ssm_state, (g.heads_per_rank, g.head_dim, g.state_size), FLOATS, self.device)
         k = g.conv_kernel
         if conv_window is not None:
-            _check_tensor("conv_window", conv_window, (g.conv_dim_per_rank, k - 1), _FLOATS, self.device)
+            check_tensor("conv_window", conv_window, (g.conv_dim_per_rank, k - 1), FLOATS, self.device)
         page = self._state_page(req)
         if self._committed(page):
             raise LifecycleError(
@@ -407,7 +294,7 @@ class StateManager:
         ``A > 0`` (or NaN) is refused; this checks it once (one sync), so a later ``verify`` with the
         same tensor checks nothing."""
         layer = self._check_layer(layer)
-        _check_tensor("A", A, (self.geometry.heads_per_rank,), _FLOATS, self.device)
+        check_tensor("A", A, (self.geometry.heads_per_rank,), FLOATS, self.device)
         self._check_A(layer, A)
         self._A[layer] = A
 
@@ -421,39 +308,12 @@ class StateManager:
         that many tokens, otherwise none.
         """
         self._require_no_open_step()
-        ids, open_ids = _request_ids(request_ids, "begin_step")
+        ids, open_ids = check_request_ids(request_ids, "begin_step")
         n = len(ids)
         if n == 0:
             raise SSMStateError("begin_step needs at least one request")
-        T = self.layout.spec.num_tokens
-        uniform = type(num_tokens) is int or _is_int(num_tokens)
-        if uniform:
-            num_tokens = int(num_tokens)  # type: ignore[arg-type]
-            if not 1 <= num_tokens <= T:
-                raise SSMStateError(f"num_tokens must be ints in [1, T={T}], got {num_tokens!r}")
-            qs = num_tokens
-            pad_q = num_tokens
-        else:
-            if isinstance(num_tokens, (str, bytes)) or not isinstance(num_tokens, Iterable):
-                raise SSMStateError(f"num_tokens must be an int or a sequence of ints in [1, T={T}], "
-                                    f"got {num_tokens!r:.80}")
-            qs = list(num_tokens)
-            if len(qs) != n:
-                raise SSMStateError(f"num_tokens has {len(qs)} entries for {n} requests")
-            if not all(type(q) is int and 1 <= q <= T for q in qs):
-                bad = [q for q in qs if not (_is_int(q) and 1 <= q <= T)]
-                if bad:
-                    raise SSMStateError(f"num_tokens must be ints in [1, T={T}], got {bad[0]!r:.80}")
-                qs = [int(q) for q in qs]  # numpy integers
-            pad_q = 0
-        if pad_to is None:
-            rows = n
-        elif _is_int(pad_to):
-            rows = int(pad_to)  # type: ignore[arg-type]
-        else:
-            raise SSMStateError(f"pad_to must be an int in [{n}, max_batch={self.max_batch}] or None, got {pad_to!r:.80}")
-        if rows < n or rows > self.max_batch:
-            raise SSMStateError(f"pad_to={pad_to} must be in [{n}, max_batch={self.max_batch}]")
+        uniform, qs, pad_q = step_lengths(num_tokens, n, self.layout.spec.num_tokens)
+        rows = step_rows(pad_to, n, self.max_batch)
         table, cu, q = self._h_table, self._h_cu, self._h_q
         try:  # the page lookups raise before the table is written
             if self.layout.pages_per_request == 1:
@@ -465,8 +325,8 @@ class StateManager:
             raise UnknownRequestError(f"unknown request {bad_id!r} (never admitted, or released)") from None
         table[n:rows] = 0
         if uniform:
-            all_q = (num_tokens,) * rows
-            q[:rows] = num_tokens
+            all_q = (qs,) * rows  # type: ignore[assignment]
+            q[:rows] = qs
         else:
             all_q = tuple(qs) + (pad_q,) * (rows - n)  # type: ignore[arg-type]
             q[:rows] = all_q
@@ -488,145 +348,12 @@ class StateManager:
         plan = StepPlan(
             step_id=self._step, request_ids=ids, num_tokens=all_q, page_ids=tb[:, 0],
             page_table=tb, cu_seqlens=cb, page_ids_host=table_host[:, 0], page_table_host=table_host,
-            cu_seqlens_host=cu_host, max_seqlen=num_tokens if uniform else max(all_q), total_tokens=int(cu[rows]),
+            cu_seqlens_host=cu_host, max_seqlen=qs if uniform else max(all_q), total_tokens=int(cu[rows]),
             row_cursors=self._gather_row_cursors(tb[:, 0]),
         )
         self._open_ids = open_ids
         self._open = plan
         return plan
-
-    def begin_step_from_tensors(self, page_ids: Tensor, cu_seqlens: Tensor, total_tokens: int,
-                                max_seqlen: int, num_tokens: Sequence[int] | None = None) -> StepPlan:
-        """Open a verify step from an engine's device tensors, without a host sync.
-
-        For engines that own the pages (vLLM's block pool): the engine's block ids
-        *are* page ids and rows with page 0 are padding. The tensors are copied
-        into this manager's persistent plan buffers (CUDA-graph safe), and each
-        real row's ``pending`` cursor is set to its length on the device.
-
-        Args:
-            page_ids: (rows,) int32 on the manager's device; 0 = padding row.
-            cu_seqlens: (rows + 1,) int32 on the device; padding rows may be empty.
-            total_tokens: host int, the packed token count the layers pass to verify.
-            max_seqlen: host int, an upper bound on any row's length (<= T).
-            num_tokens: host row lengths if the engine has them (CPU-side query
-                starts); otherwise ``max_seqlen`` is recorded for every row.
-
-        On a CPU device the tensors are host values and are checked (page ids in ``[0, num_pages)``, no page
-        twice, ``cu_seqlens`` from 0 by steps of ``[0, max_seqlen]`` to ``total_tokens``). On a GPU that would be
-        a sync: a row whose page id is out of range, or repeats an earlier row's, becomes a padding row instead
-        (nothing of it is read or written).
-        """
-        self._require_no_open_step()
-        dev = self.device
-        if not isinstance(page_ids, torch.Tensor) or page_ids.dtype != torch.int32 or page_ids.dim() != 1 \
-                or page_ids.device != dev:
-            raise ShapeError(f"page_ids must be a 1-D int32 tensor on {dev}")
-        rows = page_ids.shape[0]
-        if not 1 <= rows <= self.max_batch:
-            raise SSMStateError(f"a step needs 1..max_batch={self.max_batch} rows, got {rows}")
-        _check_tensor("cu_seqlens", cu_seqlens, (rows + 1,), (torch.int32,), dev)
-        T = self.layout.spec.num_tokens
-        if not _is_int(max_seqlen) or not 1 <= max_seqlen <= T:  # type: ignore[operator]
-            raise SSMStateError(f"max_seqlen must be an int in [1, T={T}], got {max_seqlen!r:.80}")
-        max_seqlen = int(max_seqlen)
-        if not _is_int(total_tokens) or not 0 <= total_tokens <= rows * max_seqlen:  # type: ignore[operator]
-            raise SSMStateError(f"total_tokens must be an int in [0, rows * max_seqlen], got {total_tokens!r:.80}")
-        total_tokens = int(total_tokens)
-        if num_tokens is None:
-            qs = (max_seqlen,) * rows
-        else:
-            ok = not isinstance(num_tokens, (str, bytes)) and isinstance(num_tokens, Iterable)
-            qs = tuple(num_tokens) if ok else ()  # type: ignore[arg-type]
-            if not ok or len(qs) != rows or not all(_is_int(q) and 0 <= q <= max_seqlen for q in qs) \
-                    or sum(qs) != total_tokens:
-                raise SSMStateError(f"num_tokens must be {rows} ints in [0, max_seqlen={max_seqlen}] summing to "
-                                    f"{total_tokens}, got {num_tokens!r:.80}")
-            qs = tuple(int(q) for q in qs)
-        if self._on_cpu:
-            self._check_host_pages(page_ids, "begin_step_from_tensors", distinct=True)
-            cu = cu_seqlens.numpy()
-            steps = np.diff(cu)
-            if cu[0] != 0 or cu[-1] != total_tokens or (steps < 0).any() or (steps > max_seqlen).any():
-                raise SSMStateError(f"cu_seqlens must rise from 0 by steps in [0, max_seqlen={max_seqlen}] to "
-                                    f"total_tokens={total_tokens}, got {cu.tolist()}")
-            if num_tokens is not None and tuple(steps.tolist()) != qs:
-                raise SSMStateError(f"num_tokens {list(qs)} differ from the rows of cu_seqlens {steps.tolist()}")
-        tb, cb = self._page_table_buf[:rows], self._cu_buf[: rows + 1]
-        tb[:, 0].copy_(page_ids)
-        cb.copy_(cu_seqlens)
-        pids = tb[:, 0]
-        if not self._on_cpu:  # no sync: an id out of range, or a page a row before already has, becomes a padding
-            # row, so no kernel touches memory outside the cache and no two programs race on a page (the host
-            # refuses both above)
-            repeat = (pids[:, None] == pids[None, :]).tril_(-1).any(dim=1)
-            pids.masked_fill_((pids < 0) | (pids >= self.cache.num_pages) | repeat, 0)
-        p = pids.long()
-        q = cb[1:] - cb[:-1]
-        pending = self.cache.pending
-        # Padding rows write page 0's own value back: the null page keeps its contents.
-        pending[p] = torch.where(pids != 0, q, pending[p])
-        self._step += 1
-        # No host copies exist without a sync: the *_host fields alias the device
-        # tensors, which only the reference paths read (and they sync anyway).
-        plan = StepPlan(
-            step_id=self._step, request_ids=(), num_tokens=qs, page_ids=pids, page_table=tb, cu_seqlens=cb,
-            page_ids_host=pids, page_table_host=tb, cu_seqlens_host=cb, max_seqlen=max_seqlen,
-            total_tokens=total_tokens, external=True, row_cursors=self._gather_row_cursors(pids),
-        )
-        self._open_ids = frozenset()
-        self._open = plan
-        return plan
-
-    def reset_cursors(self, page_ids: Tensor) -> None:
-        """Zero every cursor of ``page_ids`` on the device (an engine handed these pages to a new request).
-
-        Args:
-            page_ids: (n,) int32/int64 on the manager's device; 0 entries are skipped. On a CPU device an id
-                outside ``[0, num_pages)`` is refused; on a GPU (no sync) it is skipped.
-        """
-        if not isinstance(page_ids, torch.Tensor) or page_ids.dim() != 1 or page_ids.device != self.device \
-                or page_ids.dtype not in (torch.int32, torch.int64):
-            raise ShapeError(f"page_ids must be a 1-D integer tensor on {self.device}")
-        if self._on_cpu:
-            self._check_host_pages(page_ids, "reset_cursors")
-        p = self._pages_in_range(page_ids)
-        cur = self.cache.cursors
-        cur[:, p] = torch.where(p != 0, torch.zeros_like(cur[:, p]), cur[:, p])
-        if self._open is not None and self._open.row_cursors is not None:  # keep the open step's copy current
-            self._gather_row_cursors(self._open.page_ids)
-
-    def _check_host_pages(self, page_ids: Tensor, verb: str, distinct: bool = False) -> None:
-        """Refuse page ids (a CPU tensor) outside ``[0, num_pages)``, or (``distinct``) a page other than 0 twice."""
-        ids = page_ids.numpy()
-        bad = (ids < 0) | (ids >= self.cache.num_pages)
-        if bad.any():
-            raise SSMStateError(f"{verb}: page id {int(ids[bad.argmax()])} out of range [0, {self.cache.num_pages})")
-        if distinct:
-            live = ids[ids != 0]
-            if np.unique(live).size != live.size:
-                raise SSMStateError(f"{verb}: a page appears twice in page_ids {ids.tolist()}")
-
-    def _pages_in_range(self, page_ids: Tensor) -> Tensor:
-        """``page_ids`` as int64 with every id outside ``[0, num_pages)`` made 0 (skipped); no sync."""
-        p = page_ids.long()
-        return p.masked_fill((p < 0) | (p >= self.cache.num_pages), 0)
-
-    def _gather_row_cursors(self, page_ids: Tensor) -> Tensor | None:
-        """Gather each row's page cursors (ring_start, num_committed) into the persistent buffer, on the
-        device (one index_select, no sync); return its (2, rows) view, or None (the native scheme, or a backend
-        that does not read them)."""
-        if self._row_cursor_buf is None or not self.backend.reads_row_cursors:
-            return None
-        buf = self._row_cursor_buf[: page_ids.shape[0]]
-        torch.index_select(self.cache.cursors[:2].t(), 0, page_ids, out=buf)
-        return buf.t()
-
-    def _require_no_open_step(self) -> None:
-        if self._open is not None:
-            raise LifecycleError(
-                f"step {self._open.step_id} is still open; commit or roll it back before begin_step"
-            )
 
     def _check_open(self, plan: StepPlan, verb: str) -> None:
         if not isinstance(plan, StepPlan):
@@ -654,24 +381,9 @@ class StateManager:
         if layer in plan.verified_layers:
             raise LifecycleError(f"verify: layer {layer} was already verified in step {plan.step_id}")
         g, dev, L = self.geometry, self.device, plan.total_tokens
-        H, P, N, G = g.heads_per_rank, g.head_dim, g.state_size, g.groups_per_rank
-        act = (g.act_dtype,)
-        _check_tensor("x", x, (L, H, P), act, dev)
-        _check_tensor("dt", dt, (L, H), _FLOATS, dev)
-        _check_tensor("B", B, (L, G, N), act, dev)
-        _check_tensor("C", C, (L, G, N), act, dev)
-        _check_tensor("A", A, (H,), _FLOATS, dev)
-        if D is not None:
-            _check_tensor("D", D, (H,), _FLOATS, dev)
-        if dt_bias is not None:
-            _check_tensor("dt_bias", dt_bias, (H,), _FLOATS, dev)
-        if z is not None:
-            _check_tensor("z", z, (L, H, P), act, dev)
+        check_verify_inputs(g, dev, L, x, dt, B, C, A, D, dt_bias, z, out)
         if out is None:
-            out = torch.zeros((L, H, P), dtype=g.act_dtype, device=dev)
-        else:
-            _check_tensor("out", out, (L, H, P), act, dev)
-            _check_no_overlap(out, {"x": x, "dt": dt, "B": B, "C": C, "A": A, "D": D, "dt_bias": dt_bias, "z": z})
+            out = torch.zeros((L, g.heads_per_rank, g.head_dim), dtype=g.act_dtype, device=dev)
         self._check_A(layer, A)
         self._A[layer] = A
         y = self.backend.verify(self.cache, layer, plan, x, dt, A, B, C, D, dt_bias, z, out)
@@ -696,16 +408,9 @@ class StateManager:
         if activation not in ("silu", None):
             raise SSMStateError(f"activation must be 'silu' or None, got {activation!r}")
         g, dev, L = self.geometry, self.device, plan.total_tokens
-        Dc = g.conv_dim_per_rank
-        _check_tensor("xBC", xBC, (L, Dc), _FLOATS, dev)
-        _check_tensor("weight", weight, (Dc, g.conv_kernel), _FLOATS, dev)
-        if bias is not None:
-            _check_tensor("bias", bias, (Dc,), _FLOATS, dev)
+        check_conv_inputs(g, dev, L, xBC, weight, bias, out)
         if out is None:
-            out = torch.zeros((L, Dc), dtype=xBC.dtype, device=dev)
-        else:
-            _check_tensor("out", out, (L, Dc), (xBC.dtype,), dev)
-            _check_no_overlap(out, {"xBC": xBC, "weight": weight, "bias": bias})
+            out = torch.zeros((L, g.conv_dim_per_rank), dtype=xBC.dtype, device=dev)
         y = self.backend.conv(self.cache, layer, plan, xBC, weight, bias, activation, out)
         plan.conv_layers.add(layer)
         return y
@@ -751,27 +456,7 @@ class StateManager:
                 raise LifecycleError("commit: no layer was verified; only rollback() is possible")
             device_counts = num_accepted
         else:
-            if isinstance(num_accepted, torch.Tensor):
-                counts = num_accepted.numpy()
-            elif _is_int(num_accepted):
-                counts = np.full((n,), int(num_accepted))  # type: ignore[call-overload]
-            else:
-                try:
-                    counts = np.asarray(num_accepted)
-                except (ValueError, TypeError):  # ragged nesting
-                    counts = np.asarray(None)
-            if counts.ndim != 1 or counts.dtype.kind not in "iu":
-                raise SSMStateError(f"num_accepted must be a 1-D sequence of ints, got {num_accepted!r:.200}")
-            if counts.shape[0] not in (n, rows):
-                raise SSMStateError(f"num_accepted has {counts.shape[0]} entries for {n} requests")
-            a, qs = counts[:n], self._h_q[:n]  # the open plan's row lengths
-            bad = (a < low) | (a > qs)
-            if bad.any():
-                i = int(bad.argmax())
-                raise SSMStateError(
-                    f"num_accepted[{i}]={int(a[i])} out of range [{low}, {int(qs[i])}] for request "
-                    f"{plan.request_ids[i]!r}"
-                )
+            a = host_counts(num_accepted, n, rows, low, self._h_q[:n], plan.request_ids)  # the open rows' lengths
             if verified == 0 and a.any():
                 raise LifecycleError("commit: no layer was verified; only rollback() (0 accepted) is possible")
             acc = self._h_acc
@@ -829,7 +514,7 @@ class StateManager:
     # -- materialize / preempt / resume -------------------------------------------
     def materialize(self, request_ids: Sequence[RequestId]) -> None:
         """Fold every committed ring row into the checkpoint (``c = 0``) for these requests (each once)."""
-        ids, _ = _request_ids(request_ids, "materialize")
+        ids, _ = check_request_ids(request_ids, "materialize")
         reqs = [self._idle(rid, "materialize") for rid in ids]
         if self.layout.scheme == "native" or not reqs:
             return
@@ -857,13 +542,11 @@ class StateManager:
             page_ids: (n,) int32 on the manager's device. A page listed more than once is folded once. On a
                 CPU device an id outside ``[0, num_pages)`` is refused; on a GPU (no sync) it is skipped.
         """
-        if not isinstance(page_ids, torch.Tensor) or page_ids.dtype != torch.int32 or page_ids.dim() != 1 \
-                or page_ids.device != self.device:
-            raise ShapeError(f"page_ids must be a 1-D int32 tensor on {self.device}")
+        check_page_ids(page_ids, self.device)
         if self._open is not None:
             raise LifecycleError(f"materialize_pages: step {self._open.step_id} is still open")
         if self._on_cpu:
-            self._check_host_pages(page_ids, "materialize_pages")
+            check_host_pages(page_ids, self.cache.num_pages, "materialize_pages")
         if self.layout.scheme == "native" or page_ids.numel() == 0:
             return
         # each page once (folding a page twice would apply its rows twice, and two programs would race on it):
@@ -891,14 +574,14 @@ class StateManager:
         and dtype, the cursors' shape and ranges); every tensor and cursor of the page is then overwritten, so
         nothing of the page's previous owner remains. A refused or failing resume leaves the pool as it was.
         """
-        _check_hashable(request_id, "resume")
+        check_hashable(request_id, "resume")
         if not isinstance(saved, SavedState):
             raise SSMStateError(f"resume needs a SavedState, got {type(saved).__name__}")
         if saved.layout != self.layout:
             raise SSMStateError("resume: the saved state was taken with a different layout")
         if request_id in self._requests:
             raise LifecycleError(f"request {request_id!r} is already admitted")
-        self._check_saved(saved)
+        check_saved(saved, self.layout)
         pages = self.pool.allocate(self.layout.pages_per_request)
         try:
             idx = torch.tensor(pages, dtype=torch.long, device=self.device)
@@ -912,45 +595,3 @@ class StateManager:
         self._requests[request_id] = _Request(pages)
         self._first_page[request_id] = pages[0]
         return pages[0]
-
-    def _check_saved(self, saved: SavedState) -> None:
-        """``ShapeError``/``SSMStateError`` unless ``saved`` holds exactly this layout's tensors and in-range
-        cursors."""
-        layout, ppr = self.layout, self.layout.pages_per_request
-        layers = saved.tensors
-        if not isinstance(layers, (tuple, list)):
-            raise ShapeError(f"resume: saved tensors must be a tuple of per-layer dicts, got {type(layers).__name__}")
-        if len(layers) != self.num_layers:
-            raise ShapeError(f"resume: the saved state has {len(layers)} layers, the layout has {self.num_layers}")
-        names = {spec.name for spec in layout.tensors}
-        for i, layer in enumerate(layers):
-            if not isinstance(layer, _MappingABC):
-                raise ShapeError(f"resume: saved layer {i} must be a dict of tensors, got {type(layer).__name__}")
-            if set(layer) != names:
-                missing, extra = sorted(names - set(layer)), sorted(map(repr, set(layer) - names))
-                raise ShapeError(f"resume: saved layer {i} lacks tensors {missing} / has unknown tensors {extra}")
-            for spec in layout.tensors:
-                t = layer[spec.name]
-                want = (ppr, *spec.shape)
-                if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != spec.dtype:
-                    got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
-                    raise ShapeError(f"resume: saved layer {i} {spec.name} is {got}, expected {want} {spec.dtype}")
-        cur = saved.cursors
-        if not isinstance(cur, torch.Tensor) or cur.dtype != torch.int32 or tuple(cur.shape) != (CURSORS_PER_PAGE, ppr):
-            got = f"{tuple(cur.shape)} {cur.dtype}" if isinstance(cur, torch.Tensor) else type(cur).__name__
-            raise ShapeError(f"resume: saved cursors are {got}, expected ({CURSORS_PER_PAGE}, {ppr}) int32")
-        spec, k = layout.spec, self.geometry.conv_kernel
-        shift_max = layout.conv_width - (k - 1)
-        if layout.scheme == "replay":
-            bounds = (("ring_start", 0, spec.ring_len - 1), ("num_committed", 0, spec.window), ("pending", 0, 0),
-                      ("conv_shift", 0, shift_max))
-        else:
-            bounds = (("state_slot", 0, ppr - 1), ("the spare cursor", 0, 0), ("pending", 0, 0),
-                      ("conv_shift", 0, shift_max))
-        values = cur.cpu()
-        for row, (name, lo, hi) in enumerate(bounds):
-            v = values[row]
-            bad = (v < lo) | (v > hi)
-            if bool(bad.any()):
-                raise SSMStateError(f"resume: saved cursor {name} = {int(v[bad][0])} out of range [{lo}, {hi}] "
-                                    f"(a preempted request is idle: nothing pending)")

@@ -295,8 +295,8 @@ def test_positive_A_refused_once_per_tensor(monkeypatch):
     _refused(m, lambda: m.verify(0, plan, inp["x"], inp["dt"], inp["B"], inp["C"], nan_A), SSMStateError, "A")
     import ssmstate.manager as mm
     seen = []
-    real = mm._check_A_values
-    monkeypatch.setattr(mm, "_check_A_values", lambda A: (seen.append(A), real(A))[1])
+    real = mm.check_A_values
+    monkeypatch.setattr(mm, "check_A_values", lambda A: (seen.append(A), real(A))[1])
     for layer in range(2):
         m.verify(layer, plan, inp["x"], inp["dt"], inp["B"], inp["C"], inp["A"])
     m.rollback(plan)
