@@ -27,6 +27,8 @@ pytest.importorskip("vllm")
 
 import torch  # noqa: E402
 
+from tests.harness import TINY_NEMOTRON_H  # noqa: E402
+
 MODEL = "nemotron-h-8b"
 K = 3
 
@@ -655,15 +657,7 @@ def test_external_plan_refusals(vllm_mod):
 
 # -- vLLM's own MambaMixer2 constructor builds our layer; its decode path vs the oracle -------------
 
-TINY = {
-    "model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "hidden_size": 64,
-    "num_hidden_layers": 4, "hybrid_override_pattern": "M*M-", "mamba_num_heads": 4, "mamba_head_dim": 8,
-    "ssm_state_size": 8, "n_groups": 2, "conv_kernel": 4, "chunk_size": 128, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "torch_dtype": "float32",
-    "vocab_size": 256, "intermediate_size": 128, "rms_norm_eps": 1e-5, "layer_norm_epsilon": 1e-5,
-    "mamba_hidden_act": "silu", "mlp_hidden_act": "relu2", "use_conv_bias": True, "use_bias": False,
-    "residual_in_fp32": False, "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
-}
+TINY = TINY_NEMOTRON_H
 
 
 def _new_request(req_id: str, blocks: list[int]):
