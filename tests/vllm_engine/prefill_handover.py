@@ -39,15 +39,9 @@ os.environ["SSMSTATE_VLLM"] = "1"
 
 import torch  # noqa: E402
 
-TINY = {
-    "model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "hidden_size": 64,
-    "num_hidden_layers": 4, "hybrid_override_pattern": "M*M-", "mamba_num_heads": 4, "mamba_head_dim": 8,
-    "ssm_state_size": 8, "n_groups": 2, "conv_kernel": 4, "chunk_size": 8, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "torch_dtype": "float32",
-    "vocab_size": 256, "intermediate_size": 128, "rms_norm_eps": 1e-5, "layer_norm_epsilon": 1e-5,
-    "mamba_hidden_act": "silu", "mlp_hidden_act": "relu2", "use_conv_bias": True, "use_bias": False,
-    "residual_in_fp32": False, "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
-}
+from tests.harness import TINY_NEMOTRON_H  # noqa: E402
+
+TINY = dict(TINY_NEMOTRON_H, chunk_size=8)  # the shared tiny config with vLLM's scan chunk at 8 tokens
 
 
 def _free_port() -> int:
