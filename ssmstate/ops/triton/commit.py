@@ -11,23 +11,34 @@ import torch
 import triton
 import triton.language as tl
 
-from ssmstate.ops.triton.common import dot_precisions, fold, pow2, safe_cursors
+from ssmstate.ops.triton.common import INTERPRETED, dot_precisions, fold, pow2, safe_cursors
 from ssmstate.ops.triton.config import device_class, ldg_block_p
+from ssmstate.ops.triton.quant import (
+    check_sr_seed, chunk_amax, dequant, encode_scales, encode_tile, kernel_checkpoint, round_store_value,
+    scale_strides, sr_bits, sr_head_key, sr_page_key,
+)
 
 Tensor = torch.Tensor
 
 
 @triton.jit
 def _replay_materialize_kernel(
-    ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, A_ptr, page_ptr,
+    ck_ptr, cks_ptr, seed_ptr, layer, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, A_ptr, page_ptr,
     window, R, P, N,
     s_ck_pg, s_ck_h, s_ck_p, s_ck_n,
+    s_cks_pg, s_cks_h,
     s_xr_pg, s_xr_h, s_xr_r, s_xr_p,
     s_Br_pg, s_Br_g, s_Br_r, s_Br_n,
     s_dtr_pg, s_dtr_h, s_dtr_r,
     NPT: tl.constexpr, HPG: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD_PREC: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
+    # An int8 / e4m3 (bytes) checkpoint is decoded with its scales (cks_ptr) and written back as codes and new
+    # scales; seed_ptr (int64 (1,)): the write is stochastically rounded.
+    CK_TY: tl.constexpr = ck_ptr.dtype.element_ty
+    QMODE: tl.constexpr = (1 if CK_TY == tl.int8 else 2) if cks_ptr is not None else 0
+    SR: tl.constexpr = seed_ptr is not None
     pid = tl.program_id(0)
     row = tl.program_id(1)
     h = (pid // NPT).to(tl.int64)
@@ -44,7 +55,11 @@ def _replay_materialize_kernel(
             mn = offs_n < N
             ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p + offs_n[None, :]
             mS = mp[:, None] & mn[None, :]
-            S = tl.load(ck, mask=mS, other=0.0).to(tl.float32)
+            if QMODE > 0:
+                cks_row = cks_ptr + page * s_cks_pg + h * s_cks_h + offs_p
+                S = dequant(tl.load(ck, mask=mS, other=0), tl.load(cks_row, mask=mp, other=1.0), QMODE, INTERP)
+            else:
+                S = tl.load(ck, mask=mS, other=0.0).to(tl.float32)
             kk = tl.arange(0, BLOCK_K)
             is_hist = kk < c
             ring = ((rs + kk) % R).to(tl.int64)
@@ -54,7 +69,18 @@ def _replay_materialize_kernel(
             Bseq = tl.load(Br_ptr + page * s_Br_pg + g * s_Br_g + ring[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
                            mask=is_hist[:, None] & mn[None, :], other=0.0).to(tl.float32)
             S = fold(S, XT, Bseq, dtp, is_hist, A, FOLD_PREC)
-            tl.store(ck, S.to(ck_ptr.dtype.element_ty), mask=mS)
+            if SR:
+                key_h = sr_head_key(sr_page_key(seed_ptr, layer, page), h)
+                bits = sr_bits(key_h, offs_p, offs_n)
+            else:
+                key_h = h  # unused
+                bits = S  # unused
+            if QMODE > 0:
+                enc, scale = encode_scales(chunk_amax(S, tl.zeros((BLOCK_P,), dtype=tl.float32)), QMODE)
+                tl.store(ck, encode_tile(S, enc, key_h, offs_p, offs_n, QMODE, SR), mask=mS)
+                tl.store(cks_row, scale, mask=mp)
+            else:
+                tl.store(ck, round_store_value(S, bits, CK_TY, SR), mask=mS)
 
 
 # -- commit -------------------------------------------------------------------------------
@@ -151,14 +177,20 @@ def replay_materialize(
     A: Tensor,
     page_ids: Tensor,
     window: int | None = None,
+    checkpoint_scale: Tensor | None = None,
+    sr_seed: Tensor | None = None,
+    layer: int = 0,
 ) -> None:
     """Fold each page's committed rows into its checkpoint, one layer (see
     :func:`ssmstate.ops.reference.replay_materialize`).
 
     Cursors are not touched. Args as in :func:`ssmstate.ops.triton.verify.replay_verify`; ``A``: (H,) float;
     ``page_ids``: (rows,) int32, 0 = skip; ``window``: W, the bound ``num_committed`` is read clamped to
-    (``R`` if None).
+    (``R`` if None); ``checkpoint_scale``, ``sr_seed``, ``layer``: as there (a folded page's checkpoint is written
+    as a flush row's).
     """
+    checkpoint, checkpoint_scale = kernel_checkpoint(checkpoint, checkpoint_scale)
+    check_sr_seed(checkpoint, sr_seed, layer)
     pages, H, P, N = checkpoint.shape
     R = x_ring.shape[2]
     G = B_ring.shape[1]
@@ -167,9 +199,9 @@ def replay_materialize(
     BLOCK_P = min(ldg_block_p(rows, H, P, dev), 64 if checkpoint.device.type == "cuda" else 128)
     NPT = triton.cdiv(P, BLOCK_P)
     _replay_materialize_kernel[(H * NPT, rows)](
-        checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, A, page_ids,
-        R if window is None else window, R, P, N,
-        *checkpoint.stride(), *x_ring.stride(), *B_ring.stride(), *dt_ring.stride(),
-        NPT=NPT, HPG=H // G, BLOCK_P=BLOCK_P, BLOCK_N=pow2(N), BLOCK_K=pow2(R),
-        FOLD_PREC=dot_precisions(dev.compiled)[1], num_warps=4,
+        checkpoint, checkpoint_scale, sr_seed, int(layer), x_ring, B_ring, dt_ring, ring_start, num_committed, A,
+        page_ids, R if window is None else window, R, P, N,
+        *checkpoint.stride(), *scale_strides(checkpoint_scale), *x_ring.stride(), *B_ring.stride(),
+        *dt_ring.stride(), NPT=NPT, HPG=H // G, BLOCK_P=BLOCK_P, BLOCK_N=pow2(N), BLOCK_K=pow2(R),
+        FOLD_PREC=dot_precisions(dev.compiled)[1], INTERP=INTERPRETED, num_warps=4,
     )

@@ -171,15 +171,22 @@ def fold_tile(S0, XTw, hi, lo, carry, Bh, FOLD_SPLIT: tl.constexpr, FOLD_PREC: t
 
 
 @triton.jit
-def fold_chunk(Sc, ck, mc, oc, b_hist, is_hist, N_, XTw, hi, lo, ck_ptr, EVEN: tl.constexpr,
-               FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr):
-    """Store ``Sc + (X_h w)ᵀ B_h[:, oc]`` (``Sc``: the chunk's carried checkpoint) over the chunk ``ck``."""
+def fold_chunk_value(Sc, oc, b_hist, is_hist, N_, XTw, hi, lo, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr):
+    """``Sc + (X_h w)ᵀ B_h[:, oc]`` (``Sc``: the chunk's carried checkpoint), fp32."""
     Bc = tl.load(b_hist[:, None] + oc[None, :], mask=is_hist[:, None] & (oc < N_)[None, :], other=0.0).to(tl.float32)
     if FOLD_SPLIT:  # B_h exact in tf32 (16-bit ring): split only the x side, two tf32 dots
         Sc = tl.dot(hi, Bc, acc=Sc, input_precision="tf32")
         Sc = tl.dot(lo, Bc, acc=Sc, input_precision="tf32")
     else:
         Sc = tl.dot(XTw, Bc, acc=Sc, input_precision=FOLD_PREC)
+    return Sc
+
+
+@triton.jit
+def fold_chunk(Sc, ck, mc, oc, b_hist, is_hist, N_, XTw, hi, lo, ck_ptr, EVEN: tl.constexpr,
+               FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr):
+    """Store ``Sc + (X_h w)ᵀ B_h[:, oc]`` (``Sc``: the chunk's carried checkpoint) over the chunk ``ck``."""
+    Sc = fold_chunk_value(Sc, oc, b_hist, is_hist, N_, XTw, hi, lo, FOLD_SPLIT, FOLD_PREC)
     if EVEN:
         tl.store(ck, Sc.to(ck_ptr.dtype.element_ty))
     else:
@@ -189,10 +196,16 @@ def fold_chunk(Sc, ck, mc, oc, b_hist, is_hist, N_, XTw, hi, lo, ck_ptr, EVEN: t
 @triton.jit
 def load_chunk(ck, mc, EVEN: tl.constexpr):
     """A chunk of the checkpoint as fp32 (no mask where P and N fill the blocks)."""
+    return load_raw(ck, mc, EVEN).to(tl.float32)
+
+
+@triton.jit
+def load_raw(ck, mc, EVEN: tl.constexpr):
+    """A chunk of the checkpoint in its stored type (no mask where P and N fill the blocks; zeros past them)."""
     if EVEN:
-        return tl.load(ck).to(tl.float32)
+        return tl.load(ck)
     else:
-        return tl.load(ck, mask=mc, other=0.0).to(tl.float32)
+        return tl.load(ck, mask=mc, other=0)
 
 
 @triton.jit

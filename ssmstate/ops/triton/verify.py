@@ -23,6 +23,7 @@ from ssmstate.ops.triton.common import INTERPRETED, dot_precisions, outer_stride
 from ssmstate.ops.triton.config import (
     DeviceClass, Launch, check_launch, choose_launch, device_class, pdl_tile, tma_block_p,
 )
+from ssmstate.ops.triton.quant import check_sr_seed, kernel_checkpoint, scale_strides
 from ssmstate.ops.triton.verify_ldg import verify_ldg_kernel
 from ssmstate.ops.triton.verify_tma import verify_tma_kernel
 
@@ -68,13 +69,17 @@ def replay_verify(
     max_seqlen: int | None = None,
     row_cursors: Tensor | None = None,
     pdl: bool = False,
+    checkpoint_scale: Tensor | None = None,
+    sr_seed: Tensor | None = None,
+    layer: int = 0,
 ) -> Tensor:
     """ReplaySSM verify for one layer (same contract as :func:`ssmstate.ops.reference.replay_verify`).
 
     One launch (two for the split launch shape); no allocation, no host synchronization (CUDA-graph safe).
 
     Args:
-        checkpoint: (pages, H, P, N) fp32/bf16/fp16, cache-owned; rewritten on flush rows. Inner dim contiguous.
+        checkpoint: (pages, H, P, N) fp32/bf16/fp16/int8/fp8_e4m3fn, cache-owned; rewritten on flush rows. Inner dim
+            contiguous. An int8/fp8 one holds codes, decoded with ``checkpoint_scale``.
         x_ring: (pages, H, R, P) act dtype. B_ring: (pages, G, R, N) act dtype. dt_ring: (pages, H, R) fp32
             processed dt. All cache-owned; the window's rows are appended past the committed ones.
         ring_start, num_committed: (pages,) int32 cursors, read only.
@@ -96,6 +101,12 @@ def replay_verify(
             ``page_ids``, ``cu_seqlens`` or ``row_cursors``, and, if it is itself a programmatic dependent, lets its
             dependents launch only after its own wait, as :func:`ssmstate.ops.triton.conv.conv_update`
             (``pdl=True``) and this kernel do. Results are the same bits as without.
+        checkpoint_scale: (pages, H, P) fp32 decode scales of an int8/fp8 checkpoint (None for any other),
+            cache-owned, contiguous in P; a flush row rewrites its page's, with its codes
+            (:mod:`ssmstate.ops.quant` defines the encoding).
+        sr_seed: (1,) int64 device seed: flush rows' checkpoint writes are stochastically rounded (bf16, fp16,
+            int8, fp8 checkpoints), bit for bit as :func:`ssmstate.ops.quant.quantize`; None rounds to nearest.
+        layer: the layer index the stochastic-rounding hash mixes in.
 
     Launches are chosen by :func:`ssmstate.ops.triton.config.choose_launch`; benchmarks and tests pick others
     with :func:`ssmstate.ops.triton.config.override`. Results agree to fp32/tf32 rounding across launches.
@@ -105,7 +116,8 @@ def replay_verify(
     """
     launches = verify_launches(checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, x, dt, A, B, C,
                                page_ids, cu_seqlens, window, out, D=D, dt_bias=dt_bias, z=z, dt_softplus=dt_softplus,
-                               max_seqlen=max_seqlen, row_cursors=row_cursors, pdl=pdl)
+                               max_seqlen=max_seqlen, row_cursors=row_cursors, pdl=pdl,
+                               checkpoint_scale=checkpoint_scale, sr_seed=sr_seed, layer=layer)
     # a launch that overflows shared memory fails before it runs; the split flush launch (two 64 x N fp32 tiles at
     # most) fits Hopper's 227 KB for N <= 256, so a failure never leaves the first launch's writes half done
     try:
@@ -121,7 +133,8 @@ def verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring:
                     cu_seqlens: Tensor, window: int, out: Tensor, D: Tensor | None = None,
                     dt_bias: Tensor | None = None, z: Tensor | None = None, dt_softplus: bool = True,
                     max_seqlen: int | None = None, row_cursors: Tensor | None = None,
-                    pdl: bool = False) -> list[KernelLaunch]:
+                    pdl: bool = False, checkpoint_scale: Tensor | None = None, sr_seed: Tensor | None = None,
+                    layer: int = 0) -> list[KernelLaunch]:
     """The kernel launches :func:`replay_verify` makes for these arguments (checked first), without running them:
     what ``tools/kernel_resources.py`` compiles for a GPU on a machine without one."""
     pages, H, P, N = checkpoint.shape
@@ -130,6 +143,8 @@ def verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring:
     T = max_seqlen if max_seqlen is not None else R - window
     rows = page_ids.shape[0]
     _check_inputs(x, x_ring, B, B_ring, T, pdl, row_cursors, rows)
+    checkpoint, checkpoint_scale = kernel_checkpoint(checkpoint, checkpoint_scale)
+    check_sr_seed(checkpoint, sr_seed, layer)
     dev = device_class(x.device)
     launch = choose_launch(rows, H, P, N, R, T, x.device, G, state_size=checkpoint.element_size(),
                            tma_ok=_tma_supported(checkpoint, tma_block_p(P, N, dev), dev))
@@ -137,8 +152,9 @@ def verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring:
         raise ConfigError(f"the TMA verify kernel needs a contiguous checkpoint, P divisible by BLOCK_P="
                           f"{launch.block_p} and N a power of two in [16, 256]; got {tuple(checkpoint.shape)}")
     check_launch(launch, H=H, G=G, N=N, R=R, rows=rows, dev=dev)
-    step = _Step(checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, x, dt, A, B, C, D, dt_bias, z,
-                 out, page_ids, cu_seqlens, window, row_cursors, T, bool(dt_softplus), pdl and dev.compiled)
+    step = _Step(checkpoint, checkpoint_scale, sr_seed, int(layer), x_ring, B_ring, dt_ring, ring_start, num_committed, x, dt, A, B, C,
+                 D, dt_bias, z, out, page_ids, cu_seqlens, window, row_cursors, T, bool(dt_softplus),
+                 pdl and dev.compiled)
     if launch.kernel == "tma":
         return _tma_launches(step, launch, dev)
     return [_ldg_launch(step, launch, dev)]
@@ -165,9 +181,13 @@ def _tma_supported(checkpoint: Tensor, block_p: int, dev: DeviceClass) -> bool:
 
 @attrs.frozen
 class _Step:
-    """One verify call's tensors and scalars, as the launch builders read them."""
+    """One verify call's tensors and scalars, as the launch builders read them (``checkpoint``: an e4m3 one as its
+    bytes)."""
 
     checkpoint: Tensor
+    checkpoint_scale: Tensor | None
+    sr_seed: Tensor | None
+    layer: int
     x_ring: Tensor
     B_ring: Tensor
     dt_ring: Tensor
@@ -209,9 +229,9 @@ def _tma_launches(s: _Step, launch: Launch, dev: DeviceClass) -> list[KernelLaun
     tile_early = pdl_tile(launch, programs, sms) if s.gdc else 0
     desc = TensorDescriptor.from_tensor(s.checkpoint.view(pages * H * P, N), [launch.block_p, N])
     rc_strides = s.row_cursors.stride() if s.row_cursors is not None else (0, 0)
-    args = (rows, desc, s.checkpoint, s.x_ring, s.B_ring, s.dt_ring, s.ring_start, s.num_committed, s.row_cursors,
-            s.x, s.dt, s.A, s.B, s.C, s.D, s.dt_bias, s.z, s.out, s.page_ids, s.cu_seqlens, s.window, R, H, N,
-            *s.strides(), *rc_strides)
+    args = (rows, desc, s.checkpoint, s.checkpoint_scale, s.sr_seed, s.layer, s.x_ring, s.B_ring, s.dt_ring,
+            s.ring_start, s.num_committed, s.row_cursors, s.x, s.dt, s.A, s.B, s.C, s.D, s.dt_bias, s.z, s.out, s.page_ids, s.cu_seqlens, s.window, R, H, N,
+            *s.strides()[:2], *scale_strides(s.checkpoint_scale), *s.strides()[2:], *rc_strides)
     const = dict(P=P, HPG=H // G, BLOCK_P=launch.block_p, BLOCK_N=N, BLOCK_K=pow2(R),
                  BLOCK_KN=pow2(min(s.window, R)) if launch.ksplit else pow2(R), BLOCK_S=pow2(s.T),
                  DT_SOFTPLUS=s.dt_softplus, INTERP=INTERPRETED, num_warps=4, num_stages=1)
@@ -248,9 +268,10 @@ def _ldg_launch(s: _Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:
     dummy = s.dt_ring  # a placeholder for absent optional inputs
     dot_prec, fold_prec = dot_precisions(dev.compiled)
     npt = -(-P // launch.block_p)
-    args = (s.checkpoint, s.x_ring, s.B_ring, s.dt_ring, s.ring_start, s.num_committed, s.x, s.dt, s.A, s.B, s.C,
-            s.D if s.D is not None else dummy, s.dt_bias if s.dt_bias is not None else dummy,
-            s.z if s.z is not None else s.x, s.out, s.page_ids, s.cu_seqlens, s.window, R, P, N, *s.strides())
+    args = (s.checkpoint, s.checkpoint_scale, s.sr_seed, s.layer, s.x_ring, s.B_ring, s.dt_ring, s.ring_start, s.num_committed, s.x, s.dt,
+            s.A, s.B, s.C, s.D if s.D is not None else dummy, s.dt_bias if s.dt_bias is not None else dummy,
+            s.z if s.z is not None else s.x, s.out, s.page_ids, s.cu_seqlens, s.window, R, P, N,
+            *s.strides()[:2], *scale_strides(s.checkpoint_scale), *s.strides()[2:])
     kwargs = dict(S_CK_P=s.checkpoint.stride(2), NPT=npt, HPG=hpg, HPP=launch.hpp, BLOCK_P=launch.block_p,
                   BLOCK_N=block_n, BLOCK_K=pow2(R), BLOCK_S=pow2(s.T), FOLD_N=min(block_n, launch.fold_n),
                   EVEN=(P % launch.block_p == 0) and N == block_n,
@@ -258,7 +279,8 @@ def _ldg_launch(s: _Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:
                   NC=min(block_n, launch.nc), NS=3, GDC=s.gdc, HAS_D=s.D is not None, HAS_DTB=s.dt_bias is not None,
                   HAS_Z=s.z is not None, DT_SOFTPLUS=s.dt_softplus, DOT_PREC=dot_prec,
                   FOLD_SPLIT=dev.compiled and s.B_ring.dtype in (torch.bfloat16, torch.float16), FOLD_PREC=fold_prec,
-                  IDX64=INTERPRETED, num_warps=4, num_stages=1, **_cap(launch, dev), **_pdl_flag(s.gdc))
+                  IDX64=INTERPRETED, INTERP=INTERPRETED, num_warps=4, num_stages=1, **_cap(launch, dev),
+                  **_pdl_flag(s.gdc))
     return KernelLaunch(verify_ldg_kernel, (H // launch.hpp * npt, rows), args, kwargs)
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ssmstate.ops.triton.common import (chunk, decay, fold_chunk, fold_weights, load_chunk, pdl_wait, safe_cursors,
-                                        softplus)
+from ssmstate.ops.triton.common import (chunk, decay, fold_chunk, fold_chunk_value, fold_weights, load_chunk, load_raw,
+                                        pdl_wait, safe_cursors, softplus)
+from ssmstate.ops.triton.quant import (codes, fold_store_quant, load_scale, round_store_value, sr_bits, sr_head_key,
+                                       sr_page_key, store_codes)
 
 
 @triton.jit
@@ -23,17 +25,18 @@ def _load_tile(ck_page, h, s_ck_h, mS, S_CK_P: tl.constexpr, BLOCK_P: tl.constex
     if EVEN:  # no masks where P and N fill the blocks: fewer instructions
         return tl.load(ck)
     else:
-        return tl.load(ck, mask=mS, other=0.0)
+        return tl.load(ck, mask=mS, other=0)
 
 
 @triton.jit
 def _head_tile(ck_page, h, s_ck_h, mS, c_rows, ms, mp, N_, S_CK_P: tl.constexpr, BLOCK_P: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr, EVEN: tl.constexpr,
-               DOT_PREC: tl.constexpr, IDX64: tl.constexpr):
-    """What a head needs of its checkpoint for the outputs: the tile (NC = 0) or ``S0 Cᵀ`` streamed (NC > 0)."""
+               DOT_PREC: tl.constexpr, IDX64: tl.constexpr, QMODE: tl.constexpr, INTERP: tl.constexpr):
+    """What a head needs of its checkpoint for the outputs: the tile (NC = 0; in its stored type) or ``S0 Cᵀ``
+    streamed (NC > 0; a quantized checkpoint's codes, unscaled)."""
     if NC > 0:
         return _readout(ck_page, h, s_ck_h, c_rows, ms, mp, N_, S_CK_P, BLOCK_P, BLOCK_N, BLOCK_S, NC, NS, EVEN,
-                        DOT_PREC, IDX64)
+                        DOT_PREC, IDX64, QMODE, INTERP)
     else:
         return _load_tile(ck_page, h, s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
 
@@ -41,7 +44,7 @@ def _head_tile(ck_page, h, s_ck_h, mS, c_rows, ms, mp, N_, S_CK_P: tl.constexpr,
 @triton.jit
 def _readout(ck_page, h, s_ck_h, c_rows, ms, mp, N_, S_CK_P: tl.constexpr, BLOCK_P: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr, EVEN: tl.constexpr,
-             DOT_PREC: tl.constexpr, IDX64: tl.constexpr):
+             DOT_PREC: tl.constexpr, IDX64: tl.constexpr, QMODE: tl.constexpr, INTERP: tl.constexpr):
     """``S0 Cᵀ`` (BLOCK_P, BLOCK_S) for head ``h``, the tile streamed in NC-column chunks.
 
     A matmul K loop: the compiler pipelines the chunk loads over NS stages (cp.async into shared
@@ -51,14 +54,19 @@ def _readout(ck_page, h, s_ck_h, c_rows, ms, mp, N_, S_CK_P: tl.constexpr, BLOCK
     acc = tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
     for n0 in tl.range(0, BLOCK_N, NC, num_stages=NS):
         oc, ck, mc = chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P, BLOCK_P, NC, IDX64)
-        acc, Sc = _readout_step(acc, ck, mc, oc, c_rows, ms, N_, EVEN, DOT_PREC)
+        acc, Sc = _readout_step(acc, ck, mc, oc, c_rows, ms, N_, EVEN, DOT_PREC, QMODE, INTERP)
     return acc
 
 
 @triton.jit
-def _readout_step(acc, ck, mc, oc, c_rows, ms, N_, EVEN: tl.constexpr, DOT_PREC: tl.constexpr):
-    """One chunk of the streamed readout: ``acc += S0[:, oc] C[:, oc]ᵀ``; returns the chunk too (fp32)."""
-    Sc = load_chunk(ck, mc, EVEN)
+def _readout_step(acc, ck, mc, oc, c_rows, ms, N_, EVEN: tl.constexpr, DOT_PREC: tl.constexpr, QMODE: tl.constexpr,
+                  INTERP: tl.constexpr):
+    """One chunk of the streamed readout: ``acc += S0[:, oc] C[:, oc]ᵀ`` (a quantized checkpoint's codes: the
+    scales multiply the sum); returns the chunk too (fp32)."""
+    if QMODE > 0:
+        Sc = codes(load_raw(ck, mc, EVEN), QMODE, INTERP)
+    else:
+        Sc = load_chunk(ck, mc, EVEN)
     Cc = tl.load(c_rows[None, :] + oc[:, None], mask=ms[None, :] & (oc < N_)[:, None], other=0.0)
     return tl.dot(Sc, Cc.to(tl.float32), acc, input_precision=DOT_PREC), Sc
 
@@ -68,8 +76,10 @@ def _head_inputs(
     h, is_hist, is_new, is_seq, ring, tok, tw, offs_p, mp, ms,
     xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h, s_x_t, dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h,
     A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr,
+    cks_page, s_cks_h, EVEN: tl.constexpr, QMODE: tl.constexpr,
 ):
-    """Head ``h``'s other global loads (issued together, so the loop keeps them in flight a head ahead)."""
+    """Head ``h``'s other global loads (issued together, so the loop keeps them in flight a head ahead); a
+    quantized checkpoint's decode scales of the tile's rows too (else A)."""
     # x over the sequence, transposed (BLOCK_P, BLOCK_K): ring rows for k < c, the window's inputs after
     x_rows = tl.where(is_hist, xr_base + h * s_xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
     X_raw = tl.load(x_rows[None, :] + offs_p[:, None], mask=mp[:, None] & is_seq[None, :], other=0.0)
@@ -83,20 +93,27 @@ def _head_inputs(
                      other=0.0)
     else:
         zz = A
-    return X_raw, dth, dtn, A, Dh, dtb, zz
+    if QMODE > 0:
+        sc = load_scale(cks_page + h * s_cks_h + offs_p, mp, EVEN)
+    else:
+        sc = A
+    return X_raw, dth, dtn, A, Dh, dtb, zz, sc
 
 
 @triton.jit
 def _verify_head(
-    h, S, X_raw, dth, dtn, A, Dh, dtb, zz,
+    h, S, X_raw, dth, dtn, A, Dh, dtb, zz, sc, cks_page, s_cks_h, key_pg,
     ck_page, Cd, G, b_hist, N_, is_hist, is_new, causal, diag, ring, tw, offs_p, mp, ms, pt,
     ck_ptr, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r, out_ptr, s_o_t, s_o_h, s_ck_h,
     S_CK_P: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, EVEN: tl.constexpr,
     FLUSH: tl.constexpr, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
     c_rows, BLOCK_S: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr, IDX64: tl.constexpr,
+    QMODE: tl.constexpr, SR: tl.constexpr, INTERP: tl.constexpr,
 ):
-    """One head of a verify row from its loaded inputs: outputs, ring append, and on a flush row the fold."""
+    """One head of a verify row from its loaded inputs: outputs, ring append, and on a flush row the fold (a
+    quantized checkpoint's: codes and scales rewritten, :func:`~ssmstate.ops.triton.quant.fold_store_quant`;
+    ``SR``: stochastically rounded with the page's hash state ``key_pg``)."""
     A = A.to(tl.float32)
     dtn = dtn.to(tl.float32)
     if HAS_DTB:
@@ -113,7 +130,12 @@ def _verify_head(
     if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
         F += tl.where(diag, Dh.to(tl.float32), 0.0)
     Y = tl.dot(XT, F, input_precision=DOT_PREC)
-    if NC > 0:  # S is S0 Cᵀ (streamed readout)
+    if QMODE > 0:  # the codes' product, then each row's decode scale (exact: every code is exact in tf32)
+        if NC > 0:
+            Y += S * (sc[:, None] * decay(A, lam_w)[None, :])
+        else:
+            Y += tl.dot(codes(S, QMODE, INTERP), Cd, input_precision=DOT_PREC) * (sc[:, None] * decay(A, lam_w)[None, :])
+    elif NC > 0:  # S is S0 Cᵀ (streamed readout)
         Y += S * decay(A, lam_w)[None, :]
     else:
         Y += tl.dot(S.to(tl.float32), Cd, input_precision=DOT_PREC) * decay(A, lam_w)[None, :]
@@ -131,56 +153,71 @@ def _verify_head(
         # S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0 N chunk by N chunk:
         # each chunk of S0 is re-read (an L2 hit) so no full-tile accumulator is live next to S0
         XTw, hi, lo, carry = fold_weights(XT, dth, A, FOLD_SPLIT)
-        for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
-            oc, ck, mc = chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P, BLOCK_P, FOLD_N, IDX64)
-            fold_chunk(load_chunk(ck, mc, EVEN) * carry, ck, mc, oc, b_hist, is_hist, N_, XTw, hi, lo, ck_ptr,
-                        EVEN, FOLD_SPLIT, FOLD_PREC)
+        key_h = sr_head_key(key_pg, h) if SR else key_pg
+        if QMODE > 0:
+            fold_store_quant(ck_page, cks_page + h * s_cks_h + offs_p, h, s_ck_h, mp, offs_p, N_, b_hist, is_hist,
+                             XTw, hi, lo, carry, sc, key_h, S_CK_P, BLOCK_P, BLOCK_N, FOLD_N, EVEN, FOLD_SPLIT,
+                             FOLD_PREC, QMODE, SR, INTERP, IDX64)
+        elif SR:  # a 16-bit checkpoint, stochastically rounded
+            for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
+                oc, ck, mc = chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P, BLOCK_P, FOLD_N, IDX64)
+                S1 = fold_chunk_value(load_chunk(ck, mc, EVEN) * carry, oc, b_hist, is_hist, N_, XTw, hi, lo,
+                                      FOLD_SPLIT, FOLD_PREC)
+                store_codes(ck, mc, round_store_value(S1, sr_bits(key_h, offs_p, oc), ck_ptr.dtype.element_ty, True),
+                            EVEN)
+        else:
+            for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
+                oc, ck, mc = chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P, BLOCK_P, FOLD_N, IDX64)
+                fold_chunk(load_chunk(ck, mc, EVEN) * carry, ck, mc, oc, b_hist, is_hist, N_, XTw, hi, lo, ck_ptr,
+                           EVEN, FOLD_SPLIT, FOLD_PREC)
 
 
 @triton.jit
 def _verify_heads(
     h0, S, ck_page, Cd, G, b_hist, N_, is_hist, is_new, is_seq, causal, diag, ring, tok, tw, offs_p, mp, mS, ms, pt,
     ck_ptr, xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h, s_x_t, dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h,
-    A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h, s_ck_h,
+    A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h, s_ck_h, cks_page, s_cks_h, key_pg,
     S_CK_P: tl.constexpr, HPP: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, EVEN: tl.constexpr, FLUSH: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
     c_rows, BLOCK_S: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr, IDX64: tl.constexpr,
+    QMODE: tl.constexpr, SR: tl.constexpr, INTERP: tl.constexpr,
 ):
     """Heads ``h0 .. h0 + HPP - 1`` of one row in a loop (HPP > 1 only in the interpreter: fewer, longer
     programs); ``S`` is head ``h0``'s tile, already in flight (NC = 0; with NC > 0 the loop streams each head's
     tile itself)."""
     if NC > 0:
         S = _head_tile(ck_page, h0, s_ck_h, mS, c_rows, ms, mp, N_, S_CK_P, BLOCK_P, BLOCK_N, BLOCK_S, NC, NS,
-                       EVEN, DOT_PREC, IDX64)
-    X_raw, dth, dtn, A, Dh, dtb, zz = _head_inputs(
+                       EVEN, DOT_PREC, IDX64, QMODE, INTERP)
+    X_raw, dth, dtn, A, Dh, dtb, zz, sc = _head_inputs(
         h0, is_hist, is_new, is_seq, ring, tok, tw, offs_p, mp, ms, xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h, s_x_t,
         dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h,
-        HAS_D, HAS_DTB, HAS_Z)
+        HAS_D, HAS_DTB, HAS_Z, cks_page, s_cks_h, EVEN, QMODE)
     for i in range(HPP):
-        _verify_head(h0 + i, S, X_raw, dth, dtn, A, Dh, dtb, zz,
+        _verify_head(h0 + i, S, X_raw, dth, dtn, A, Dh, dtb, zz, sc, cks_page, s_cks_h, key_pg,
                      ck_page, Cd, G, b_hist, N_, is_hist, is_new, causal, diag, ring, tw, offs_p, mp, ms, pt,
                      ck_ptr, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r, out_ptr, s_o_t, s_o_h, s_ck_h,
                      S_CK_P, BLOCK_P, BLOCK_N, FOLD_N, EVEN, FLUSH, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS,
-                     DOT_PREC, FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64)
+                     DOT_PREC, FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, QMODE, SR, INTERP)
         if HPP > 1:  # the next head (the last step re-loads its own head: L2 hits, no masked load)
             hn = h0 + tl.minimum(i + 1, HPP - 1)
             S = _head_tile(ck_page, hn, s_ck_h, mS, c_rows, ms, mp, N_, S_CK_P, BLOCK_P, BLOCK_N, BLOCK_S, NC,
-                           NS, EVEN, DOT_PREC, IDX64)
-            X_raw, dth, dtn, A, Dh, dtb, zz = _head_inputs(
+                           NS, EVEN, DOT_PREC, IDX64, QMODE, INTERP)
+            X_raw, dth, dtn, A, Dh, dtb, zz, sc = _head_inputs(
                 hn, is_hist, is_new, is_seq, ring, tok, tw, offs_p, mp, ms, xr_base, s_xr_h, s_xr_r, x_ptr,
                 s_x_h, s_x_t, dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr,
-                s_z_t, s_z_h, HAS_D, HAS_DTB, HAS_Z)
+                s_z_t, s_z_h, HAS_D, HAS_DTB, HAS_Z, cks_page, s_cks_h, EVEN, QMODE)
 
 
 @triton.jit
 def verify_ldg_kernel(
-    ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
+    ck_ptr, cks_ptr, seed_ptr, layer, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
     page_ptr, cu_ptr,
     window, R, P, N,
     s_ck_pg, s_ck_h,
+    s_cks_pg, s_cks_h,
     s_xr_pg, s_xr_h, s_xr_r,
     s_Br_pg, s_Br_g, s_Br_r,
     s_dtr_pg, s_dtr_h, s_dtr_r,
@@ -195,10 +232,14 @@ def verify_ldg_kernel(
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr, IDX64: tl.constexpr,
     NATIVE_G: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr,
-    GDC: tl.constexpr,
+    GDC: tl.constexpr, INTERP: tl.constexpr,
 ):
     # One program: one row, HPP heads of one group, one tile of BLOCK_P head-dim rows. What depends on the group only (cursors,
-    # B and C tiles, the Gram B·Cᵀ) is computed once for the HPP heads.
+    # B and C tiles, the Gram B·Cᵀ) is computed once for the HPP heads. A quantized checkpoint (its decode scales
+    # cks_ptr, (pages, H, P) fp32) is int8 or e4m3 bytes (uint8): QMODE 1 / 2.
+    CK_TY: tl.constexpr = ck_ptr.dtype.element_ty
+    QMODE: tl.constexpr = (1 if CK_TY == tl.int8 else 2) if cks_ptr is not None else 0
+    SR: tl.constexpr = seed_ptr is not None  # stochastic rounding of the flush rows' writes (int64 (1,) seed)
     pid = tl.program_id(0)
     row = tl.program_id(1)
     pt = pid % NPT
@@ -225,6 +266,14 @@ def verify_ldg_kernel(
         c_rows = C_ptr + tw * s_C_t + g * s_C_g  # C over the window, row pointers
         # the first head's tile is most of the first round trip and needs only the page: issue it first
         ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * S_CK_P
+        if QMODE > 0:
+            cks_page = cks_ptr + page * s_cks_pg
+        else:
+            cks_page = ck_page  # unused
+        if SR:
+            key_pg = sr_page_key(seed_ptr, layer, page)
+        else:
+            key_pg = page  # unused
         if NC > 0:  # streamed: the readout (or a flush row's fold) starts in the head loop
             S = tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
         else:
@@ -265,15 +314,15 @@ def verify_ldg_kernel(
             _verify_heads(h0, S, ck_page, Cd, G, b_hist, N, is_hist, is_new, is_seq, causal, diag, ring, tok, tw,
                           offs_p, mp, mS, ms, pt, ck_ptr, xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h, s_x_t,
                           dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr,
-                          z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h, s_ck_h, S_CK_P, HPP,
+                          z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h, s_ck_h, cks_page, s_cks_h, key_pg, S_CK_P, HPP,
                           BLOCK_P, BLOCK_N, FOLD_N, EVEN, True, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, DOT_PREC,
-                          FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64)
+                          FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, QMODE, SR, INTERP)
         else:
             _verify_heads(h0, S, ck_page, Cd, G, b_hist, N, is_hist, is_new, is_seq, causal, diag, ring, tok, tw,
                           offs_p, mp, mS, ms, pt, ck_ptr, xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h, s_x_t,
                           dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr,
-                          z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h, s_ck_h, S_CK_P, HPP,
+                          z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h, s_ck_h, cks_page, s_cks_h, key_pg, S_CK_P, HPP,
                           BLOCK_P, BLOCK_N, FOLD_N, EVEN, False, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, DOT_PREC,
-                          FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64)
+                          FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, QMODE, SR, INTERP)
     if GDC:  # a program that skipped its row ends only after the kernel before too
         pdl_wait()

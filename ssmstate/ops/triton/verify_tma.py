@@ -25,7 +25,12 @@ import triton
 import triton.language as tl
 
 from ssmstate.ops.triton.common import (
-    chunk, decay, fold_chunk, fold_tile, fold_weights, load_chunk, pdl_wait, prefetch_l2, safe_cursors, softplus, wrap,
+    chunk, decay, fold_chunk, fold_chunk_value, fold_tile, fold_weights, load_chunk, pdl_wait, prefetch_l2,
+    safe_cursors, softplus, wrap,
+)
+from ssmstate.ops.triton.quant import (
+    chunk_amax, codes_as, dequant, encode_scales, encode_tile, fold_store_quant, round_store_value, sr_bits,
+    sr_head_key, sr_page_key,
 )
 
 
@@ -55,7 +60,7 @@ def _tma_gathers(h, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr,
 def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0, i,
               last, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
               s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist,
-              is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_raw, dth, dtn, A, Dh, zz, S_pre,
+              is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_raw, dth, dtn, A, Dh, zz, S_pre, qt,
               P: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr,
               HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
               READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
@@ -63,7 +68,12 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
               NEXT: tl.constexpr, PRE_TILE: tl.constexpr, TMA_STORE: tl.constexpr):
     """Head ``h0 + i`` of a :func:`_tma_heads` loop whose last head is ``h0 + last``; its gathers
     (``X_raw`` .. ``zz``) were issued one iteration earlier. Returns head ``i + 1``'s gathers, issued here
-    (``NEXT``; else this head's again)."""
+    (``NEXT``; else this head's again). ``qt``: the decode scales' pointer and strides (None: an unquantized
+    checkpoint) and the page's stochastic-rounding hash state (None: round to nearest)."""
+    cks_ptr, s_cks_pg, s_cks_h, key_pg = qt
+    CK_TY: tl.constexpr = ck_ptr.dtype.element_ty
+    QMODE: tl.constexpr = (1 if CK_TY == tl.int8 else 2) if cks_ptr is not None else 0
+    SR: tl.constexpr = key_pg is not None
     h = h0 + i
     if PF_AHEAD > 0:  # clamped, not masked: no branch in the pipelined body (a repeat hits L2)
         ahead = tl.minimum(i + PF_AHEAD, last)
@@ -77,6 +87,9 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
         X_n, dth_n, dtn_n, A_n, D_n, zz_n = X_raw, dth, dtn, A, Dh, zz
     xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
     dtr_h = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
+    if QMODE > 0:  # the tile's decode scales, loaded before its fold may rewrite them
+        cks_row = cks_ptr + page * s_cks_pg + h * s_cks_h + offs_p
+        sc = tl.load(cks_row)
     # the checkpoint tile: one TMA copy into shared memory
     if PRE_TILE:  # EARLY: one head per program, its tile copied by the caller before the Gram
         S0 = S_pre
@@ -94,7 +107,14 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
         F += tl.where(diag, Dh, 0.0)
     # y_s = e^{A Λ_w} S0 C_s + Σ_k F[k, s] x_k: the readout from shared memory, then the sequence,
     # both products into one accumulator (the decays scale the readout's columns)
-    if READ16:  # 16-bit checkpoint in C's dtype: exact products, decays on the accumulator
+    if QMODE > 0:  # the codes' product (exact: every code is exact in C's 16-bit dtype and in tf32), then the
+        # rows' decode scales with the decays
+        if READ16:
+            Y = tl.dot(codes_as(S0, CwT.dtype, QMODE, IDX64), CwT) * (sc[:, None] * decay(A, lam_w)[None, :])
+        else:  # (IDX64: the interpreter, which decodes e4m3 from its bits)
+            Y = tl.dot(codes_as(S0, tl.float32, QMODE, IDX64), CwT, input_precision=DOT_PREC) * (
+                sc[:, None] * decay(A, lam_w)[None, :])
+    elif READ16:  # 16-bit checkpoint in C's dtype: exact products, decays on the accumulator
         Y = tl.dot(S0, CwT) * decay(A, lam_w)[None, :]
     else:  # the decays on the accumulator too: C's operand is the same for every head of the loop
         Y = tl.dot(S0.to(tl.float32), CwT, input_precision=DOT_PREC) * decay(A, lam_w)[None, :]
@@ -114,17 +134,36 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
         XTw, hi, lo_, carry = fold_weights(XT, dth, A, FOLD_SPLIT)
         ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * BLOCK_N
         mp = offs_p < P
+        key_h = sr_head_key(key_pg, h) if SR else h
         if FOLD_N >= BLOCK_N:  # the whole tile from shared memory, B_h from the hoisted sequence rows
             if FLUSH == 1:
                 Bf = Bh
             else:
                 Bf = tl.where(is_hist[:, None], B_raw.to(tl.float32), 0.0)
-            S1 = fold_tile(S0, XTw, hi, lo_, carry, Bf, FOLD_SPLIT, FOLD_PREC)
+            if QMODE > 0:
+                S1 = fold_tile(dequant(S0, sc, QMODE, IDX64), XTw, hi, lo_, carry, Bf, FOLD_SPLIT, FOLD_PREC)
+                enc, scale = encode_scales(chunk_amax(S1, tl.zeros((BLOCK_P,), dtype=tl.float32)), QMODE)
+                S1q = encode_tile(S1, enc, key_h, offs_p, tl.arange(0, BLOCK_N), QMODE, SR)
+                tl.store(cks_row, scale)
+            else:
+                S1 = fold_tile(S0, XTw, hi, lo_, carry, Bf, FOLD_SPLIT, FOLD_PREC)
+                S1q = round_store_value(S1, sr_bits(key_h, offs_p, tl.arange(0, BLOCK_N)) if SR else S1, CK_TY, SR)
             if TMA_STORE:  # registers to shared memory, then one asynchronous bulk copy to the tile's place
-                ck_desc.store([ck_row0 + i * P, 0], S1.to(ck_ptr.dtype.element_ty))
+                ck_desc.store([ck_row0 + i * P, 0], S1q)
             else:
                 oc, ck, mc = chunk(ck_page, h, s_ck_h, 0, mp, N, BLOCK_N, BLOCK_P, BLOCK_N, IDX64)
-                tl.store(ck, S1.to(ck_ptr.dtype.element_ty))
+                tl.store(ck, S1q)
+        elif QMODE > 0:  # N chunk by N chunk, twice: every row's amax before any byte is stored
+            fold_store_quant(ck_page, cks_row, h, s_ck_h, mp, offs_p, N, Br_base + ring * s_Br_r, is_hist, XTw, hi,
+                             lo_, carry, sc, key_h, BLOCK_N, BLOCK_P, BLOCK_N, FOLD_N, True, FOLD_SPLIT, FOLD_PREC,
+                             QMODE, SR, IDX64, IDX64)
+        elif SR:  # a 16-bit checkpoint, stochastically rounded, N chunk by N chunk
+            b_hist = Br_base + ring * s_Br_r
+            for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
+                oc, ck, mc = chunk(ck_page, h, s_ck_h, n0, mp, N, BLOCK_N, BLOCK_P, FOLD_N, IDX64)
+                S1 = fold_chunk_value(load_chunk(ck, mc, True) * carry, oc, b_hist, is_hist, N, XTw, hi, lo_,
+                                      FOLD_SPLIT, FOLD_PREC)
+                tl.store(ck, round_store_value(S1, sr_bits(key_h, offs_p, oc), CK_TY, True))
         else:  # N chunk by N chunk (chunks re-read, L2 hits, so no full-tile accumulator is live)
             b_hist = Br_base + ring * s_Br_r
             for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
@@ -138,7 +177,7 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
 def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist,
-               is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P: tl.constexpr, HEADS: tl.constexpr,
+               is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, qt, P: tl.constexpr, HEADS: tl.constexpr,
                HSTAGES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr,
                HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
                READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
@@ -178,7 +217,7 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                 nh - 1, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h,
                 s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                 is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
-                zz_n, S_pre, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
+                zz_n, S_pre, qt, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
                 FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, True, False, TMA_STORE)
             i += 1
     else:
@@ -188,7 +227,7 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                 HEADS - 1, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h,
                 s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                 is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
-                zz_n, S_pre, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
+                zz_n, S_pre, qt, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
                 FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, HEADS > 1, FIRST, TMA_STORE)
 
 
@@ -208,7 +247,7 @@ def _tma_body(
     (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
      dtb_ptr, z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
      s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t,
-     s_z_h, s_o_t, s_o_h, s_rc_k, s_rc_r) = rt
+     s_z_h, s_o_t, s_o_h, s_rc_k, s_rc_r, cks_ptr, seed_ptr, layer, s_cks_pg, s_cks_h) = rt
     # what the tensors' dtypes decide: absent optional inputs (None), 16-bit products on the GPU (exact B·C and, with a
     # 16-bit checkpoint in C's dtype, the readout), the fold's tf32 split (B_h exact in tf32), the precisions
     HAS_D: tl.constexpr = D_ptr is not None
@@ -218,7 +257,9 @@ def _tma_body(
     C_TY: tl.constexpr = C_ptr.dtype.element_ty
     CK_TY: tl.constexpr = ck_ptr.dtype.element_ty
     GRAM16: tl.constexpr = (not INTERP) and B_TY == C_TY and B_TY.primitive_bitwidth == 16
-    READ16: tl.constexpr = (not INTERP) and CK_TY == C_TY and CK_TY.primitive_bitwidth == 16
+    QUANT: tl.constexpr = cks_ptr is not None  # int8 / e4m3 codes with decode scales (pages, H, P) fp32
+    # a 16-bit readout: a 16-bit checkpoint in C's dtype, or 8-bit codes (exact in C's 16-bit dtype)
+    READ16: tl.constexpr = (not INTERP) and C_TY.primitive_bitwidth == 16 and (CK_TY == C_TY or QUANT)
     FOLD_SPLIT: tl.constexpr = (not INTERP) and Br_ptr.dtype.element_ty.primitive_bitwidth == 16
     DOT_PREC: tl.constexpr = "ieee" if INTERP else "tf32"
     FOLD_PREC: tl.constexpr = "ieee" if INTERP else "tf32x3"
@@ -262,6 +303,11 @@ def _tma_body(
     causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
     diag = (kk[:, None] == pos[None, :]) & ms[None, :]
     CwT = tl.trans(Cw) if READ16 else tl.trans(Cw.to(tl.float32))  # the readout's operand, for every head
+    if seed_ptr is not None:  # stochastic rounding of the flush writes: the page's hash state
+        key_pg = sr_page_key(seed_ptr, layer, page)
+    else:
+        key_pg = None
+    qt = (cks_ptr, s_cks_pg, s_cks_h, key_pg)
     flush = c + q > window
     # the fold mode as a constant where it is known at compile time (one route's rows; one head deciding inside
     # its loop), else one call per route so each loop body holds only its own values (a static loop over the
@@ -270,14 +316,14 @@ def _tma_body(
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                    s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
-                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
+                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, qt, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
                    FOLD_PREC, INTERP, FMODE, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE)
     elif ROUTE != 0 or (HEADS == 1 and not DYN):
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                    s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
-                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
+                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, qt, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
                    FOLD_PREC, INTERP, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN, EARLY,
                    TMA_STORE)
@@ -285,14 +331,14 @@ def _tma_body(
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                    s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
-                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
+                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, qt, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
                    FOLD_PREC, INTERP, 1, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE)
     else:
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                    s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
-                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, P, HEADS, HSTAGES,
+                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, qt, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
                    FOLD_PREC, INTERP, 0, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE)
 
@@ -316,7 +362,7 @@ def _tma_program(
     (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
      dtb_ptr, z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
      s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t,
-     s_z_h, s_o_t, s_o_h, s_rc_k, s_rc_r) = rt
+     s_z_h, s_o_t, s_o_h, s_rc_k, s_rc_r, cks_ptr, seed_ptr, layer, s_cks_pg, s_cks_h) = rt
     ROWCUR: tl.constexpr = rc_ptr is not None
     page32 = tl.load(page_ptr + row)
     lo = tl.load(cu_ptr + row)
@@ -396,11 +442,12 @@ def _tma_program(
 @triton.jit
 def verify_tma_kernel(
     rows,
-    ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr,
+    ck_desc, ck_ptr, cks_ptr, seed_ptr, layer, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
     page_ptr, cu_ptr,
     window, R, H, N,
     s_ck_pg, s_ck_h,
+    s_cks_pg, s_cks_h,
     s_xr_pg, s_xr_h, s_xr_r,
     s_Br_pg, s_Br_g, s_Br_r,
     s_dtr_pg, s_dtr_h, s_dtr_r,
@@ -427,7 +474,7 @@ def verify_tma_kernel(
     rt = (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
           dtb_ptr, z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r,
           s_Br_pg, s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t,
-          s_C_g, s_z_t, s_z_h, s_o_t, s_o_h, s_rc_k, s_rc_r)
+          s_C_g, s_z_t, s_z_h, s_o_t, s_o_h, s_rc_k, s_rc_r, cks_ptr, seed_ptr, layer, s_cks_pg, s_cks_h)
     if PDL == 1 and not GDC:  # the first of two launches: the second may start as soon as SMs free up (GPU
         # only; with GDC each program lets it start once past its wait, in _tma_program)
         tl.extra.cuda.gdc_launch_dependents()

@@ -1,0 +1,163 @@
+"""Quantized and stochastically rounded checkpoints on the GPU: the compiled Triton verify and materialize against
+the reference at Nemotron-H geometry (H=128, P=64, N=128, G=8, bf16 inputs), every launch shape, and (where
+FlashInfer is installed) FlashInfer's int8/fp8 ``checkpointing_ssu`` on the same bytes. Skipped without CUDA.
+
+Tolerances (tests/quant_common.py says why bytes may move): the kernels' fold runs in tf32 pieces (3xTF32 or a
+split x side), so a flushed code may sit one step from the reference's in a small fraction of places; where the
+fold is exact (a history of dt = 0) the bytes and scales are the reference's bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+if torch.cuda.is_available():
+    from ssmstate.ops import triton as trk
+
+from tests.quant_common import (
+    LAYER, VARIANTS, assert_matches, code_steps, quant_case, reference_materialize, reference_verify, run,
+)
+from tests.test_triton_common import rel
+
+DEV = "cuda"
+NEMO = dict(H=128, G=8, P=64, N=128, act_dtype=torch.bfloat16)
+#: every named launch shape (the heuristic's too), whole-tile and chunked folds, TMA stores
+SHAPES = [None, dict(shape="base"), dict(shape="latency"), dict(shape="latency", FOLD_N=128, TMA_STORE=1),
+          dict(shape="one_head"), dict(shape="pipelined"), dict(shape="pipelined", TMA_STORE=1), dict(shape="split"),
+          dict(shape="split", TMA_STORE=1), dict(shape="split_lean"), dict(shape="ldg"), dict(shape="ldg_stream"),
+          dict(shape="ldg", FOLD_N=128)]
+
+
+def launch_id(c) -> str:
+    return "heuristic" if c is None else "-".join(f"{k}={v}" for k, v in c.items())
+
+
+def vid(v) -> str:
+    return f"{str(v[0]).removeprefix('torch.')}{'-sr' if v[1] else ''}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=vid)
+@pytest.mark.parametrize("cfg", SHAPES, ids=launch_id)
+def test_verify_quantized_gpu(variant, cfg):
+    dtype, sr = variant
+    case = quant_case(5, dtype, sr, device=DEV, qs=(4, 3, 4, 1, 2, 4, 4, 3, 2), **NEMO)
+    with trk.override(**(cfg or {})):
+        got = run(trk.replay_verify, case)
+    assert_matches(case, got, run(reference_verify, case), exact=False, out_tol=1e-2)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=vid)
+@pytest.mark.parametrize("cfg", [None, dict(shape="pipelined"), dict(shape="split"), dict(shape="ldg")], ids=launch_id)
+def test_verify_flush_bytes_exact_gpu(variant, cfg):
+    dtype, sr = variant
+    case = quant_case(6, dtype, sr, device=DEV, exact_fold=True, qs=(4, 3, 4, 1, 2, 4, 4, 3, 2), **NEMO)
+    with trk.override(**(cfg or {})):
+        got = run(trk.replay_verify, case)
+    assert_matches(case, got, run(reference_verify, case), exact=True, out_tol=1e-2)
+
+
+@pytest.mark.parametrize("rows", [64, 256])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
+def test_verify_quantized_large_batch_gpu(rows, dtype):
+    """The heuristic's launches at the benchmark's batches (split / pipelined), mixed routes."""
+    qs = tuple(4 - (r % 3) for r in range(rows))
+    case = quant_case(7, dtype, False, device=DEV, qs=qs, **NEMO)
+    got = run(trk.replay_verify, case)
+    assert_matches(case, got, run(reference_verify, case), exact=False, out_tol=1e-2)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=vid)
+@pytest.mark.parametrize("exact", [False, True])
+def test_materialize_quantized_gpu(variant, exact):
+    dtype, sr = variant
+    case = quant_case(8, dtype, sr, device=DEV, exact_fold=exact, qs=(4, 3, 4, 1, 2), **NEMO)
+    pages = torch.tensor([0, *case["page_ids"].tolist()[:3]], dtype=torch.int32, device=DEV)
+    res = []
+    for fn in (trk.replay_materialize, reference_materialize):
+        st = {k: v.clone() for k, v in case["state"].items()}
+        scale = None if case["scale"] is None else case["scale"].clone()
+        fn(st["checkpoint"], st["x_ring"], st["B_ring"], st["dt_ring"], case["ring_start"], case["num_committed"],
+           case["A"], pages, window=case["W"], checkpoint_scale=scale, sr_seed=case["sr_seed"], layer=LAYER)
+        res.append((st, scale))
+    (st_g, sc_g), (st_w, sc_w) = res
+    if exact:
+        assert torch.equal(st_g["checkpoint"].view(torch.uint8), st_w["checkpoint"].view(torch.uint8))
+        if sc_g is not None:
+            assert torch.equal(sc_g.view(torch.int32), sc_w.view(torch.int32))
+    else:
+        steps = code_steps(st_g["checkpoint"], st_w["checkpoint"])
+        assert int(steps.max()) <= 1 and float((steps != 0).float().mean()) <= 0.02
+        if sc_g is not None:
+            assert float(((sc_g - sc_w).abs() / sc_w.abs()).max()) <= 1e-6
+
+
+def test_quantized_verify_in_cuda_graph():
+    """A verify on an int8 checkpoint with stochastic rounding captured once and replayed: the seed is read on the
+    device, so a replay after the seed moved writes the bytes of the new seed."""
+    case = quant_case(9, torch.int8, True, device=DEV, qs=(4, 3, 4, 1, 2), **NEMO)
+    st = {k: v.clone() for k, v in case["state"].items()}
+    scale = case["scale"].clone()
+    seed = case["sr_seed"].clone()
+    out = torch.empty_like(case["x"])
+    from tests.test_triton_common import verify_args
+    args = verify_args(case, st)
+    kw = dict(D=case["D"], dt_bias=case["dt_bias"], z=case["z"], checkpoint_scale=scale, sr_seed=seed, layer=LAYER)
+    trk.replay_verify(*args, out, **kw)  # compile outside the capture
+    snap = {k: v.clone() for k, v in st.items()}, scale.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        trk.replay_verify(*args, out, **kw)
+    for s in (41, 42):
+        for k, v in snap[0].items():
+            st[k].copy_(v)
+        scale.copy_(snap[1])
+        seed.fill_(s)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = run(reference_verify, dict(case, sr_seed=seed.clone()))
+        assert_matches(case, (st, scale, out), want, exact=False, out_tol=1e-2)
+
+
+# -- FlashInfer's 8-bit checkpointing_ssu on the same bytes -------------------------------------------------------
+
+
+def _flashinfer():
+    try:
+        import flashinfer.mamba as fim
+    except Exception:  # absent, or a broken install
+        pytest.skip("flashinfer is not installed")
+    return fim
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
+def test_flashinfer_8bit_matches_triton(dtype):
+    """FlashInfer's int8/fp8 checkpointing_ssu and ours on the same codes and scales: the same outputs (bf16
+    rounding) and the same written checkpoint and scales up to one code step (FlashInfer folds with bf16 operands)."""
+    fim = _flashinfer()
+    qs = (4, 4, 4, 4, 4, 4, 4, 4)  # dense: every row has T tokens
+    case = quant_case(10, dtype, False, device=DEV, qs=qs, W=16, **NEMO)
+    got = run(trk.replay_verify, case)
+    st = {k: v.clone() for k, v in case["state"].items()}
+    scale = case["scale"].clone()
+    out = torch.empty_like(case["x"])
+    H, P, N = NEMO["H"], NEMO["P"], NEMO["N"]
+    rows, T = len(qs), 4
+    A3 = case["A"].view(H, 1, 1).expand(H, P, N)
+    dtv = case["dt"].view(rows, T, H).unsqueeze(-1).expand(rows, T, H, P)
+    fim.checkpointing_ssu(
+        st["checkpoint"], st["x_ring"], st["B_ring"], st["dt_ring"], case["ring_start"], case["num_committed"],
+        case["x"].view(rows, T, H, P), dtv, A3, case["B"].view(rows, T, 8, N), case["C"].view(rows, T, 8, N),
+        out.view(rows, T, H, P), D=case["D"].view(H, 1).expand(H, P), z=case["z"].view(rows, T, H, P),
+        dt_bias=case["dt_bias"].view(H, 1).expand(H, P), dt_softplus=True, state_batch_indices=case["page_ids"],
+        pad_slot_id=0, state_scale=scale, algorithm="monolith")
+    st_g, sc_g, out_g = got
+    real = [r for r, p in enumerate(case["page_ids"].tolist()) if p]
+    tok = torch.cat([torch.arange(r * T, (r + 1) * T) for r in real])
+    assert rel(out[tok], out_g[tok]) <= 2e-2
+    fl = case["flushed"]
+    steps = code_steps(st["checkpoint"][fl], st_g["checkpoint"][fl])
+    assert int(steps.max()) <= 1 and float((steps != 0).float().mean()) <= 0.1
+    assert float(((scale[fl] - sc_g[fl]).abs() / sc_g[fl].abs()).max()) <= 1e-2

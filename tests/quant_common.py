@@ -1,0 +1,130 @@
+"""Shared helpers of the quantized-checkpoint kernel tests (CPU interpreter: tests/test_ops_quant_triton.py; GPU:
+tests/gpu/test_quant_gpu.py). Holds no tests.
+
+A case is :func:`tests.test_triton_common.make_case`'s random pool and step with its checkpoint stored as an 8-bit
+(codes and scales) or 16-bit checkpoint through the reference quantization; both the reference and the kernel run
+on copies and every tensor they may touch is compared.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ssmstate.ops import quant
+from ssmstate.ops import reference as ref
+from tests.test_triton_common import POISON, make_case, rel, verify_args
+
+#: (checkpoint dtype, stochastic rounding)
+VARIANTS = [(torch.int8, False), (torch.float8_e4m3fn, False), (torch.int8, True), (torch.float8_e4m3fn, True),
+            (torch.bfloat16, True), (torch.float16, True)]
+LAYER = 3
+
+
+def quant_case(seed: int, dtype: torch.dtype, sr: bool, *, device: str = "cpu", exact_fold: bool = False,
+               H: int = 4, G: int = 2, P: int = 16, N: int = 32, W: int = 8, T: int = 4,
+               qs: tuple[int, ...] = (4, 3, 4, 1, 2), act_dtype: torch.dtype = torch.float32) -> dict:
+    """A mixed flush / non-flush case (the last row padding) whose checkpoint is stored as ``dtype`` through the
+    reference quantization (codes and scales for 8-bit ones; rows of magnitudes 1e-3 .. 1e3); ``sr``: the step
+    writes with stochastic rounding; ``exact_fold``: every history dt is 0, so a fold returns the decoded
+    checkpoint exactly."""
+    gen = torch.Generator().manual_seed(seed)
+    pages = len(qs) + 2
+    case = make_case(gen, device, pages=pages, H=H, G=G, P=P, N=N, W=W, T=T, rows=len(qs), n_pad=1,
+                     route="mixed", qs=list(qs), act_dtype=act_dtype)
+    mag = 10.0 ** torch.randint(-3, 4, (pages, H, P, 1), generator=gen).float()
+    S = case["state"]["checkpoint"] * mag.to(device)
+    seed0 = torch.tensor([11], dtype=torch.int64, device=device) if sr else None
+    stored, scale = quant.quantize(S, dtype, seed=seed0, layer=LAYER, pages=torch.arange(pages, device=device))
+    case["state"]["checkpoint"] = stored
+    case["scale"] = scale
+    case["sr_seed"] = torch.tensor([0x5EED0000ABCD], dtype=torch.int64, device=device) if sr else None
+    if exact_fold:
+        case["state"]["dt_ring"].zero_()
+    real = [p for p in case["page_ids"].tolist() if p]
+    flushed = [p for p, q in zip(case["page_ids"].tolist(), case["qs"]) if p and int(case["num_committed"][p]) + q > W]
+    assert flushed and len(flushed) < len(real), "the case mixes flush and non-flush rows"
+    case["flushed"] = flushed
+    return case
+
+
+def run(fn, case: dict, **kw) -> tuple[dict, torch.Tensor | None, torch.Tensor]:
+    """``fn`` (a verify) on copies of the case's tensors: (cache tensors, scales, outputs)."""
+    st = {k: v.clone() for k, v in case["state"].items()}
+    scale = None if case["scale"] is None else case["scale"].clone()
+    out = torch.full(case["x"].shape, POISON, dtype=case["x"].dtype, device=case["x"].device)
+    fn(*verify_args(case, st), out, D=case["D"], dt_bias=case["dt_bias"], z=case["z"], checkpoint_scale=scale,
+       sr_seed=case["sr_seed"], layer=LAYER, **kw)
+    return st, scale, out
+
+
+def _write(ck: torch.Tensor, scale: torch.Tensor | None, S: torch.Tensor, pages: list[int], sr_seed, layer) -> None:
+    """The reference's checkpoint write (:func:`ssmstate.ops.quant.quantize`) of the fp32 states ``S`` at ``pages``."""
+    for p in pages:
+        stored, sc = quant.quantize(S[p:p + 1], ck.dtype, seed=sr_seed, layer=layer,
+                                    pages=torch.tensor([p], dtype=torch.int64, device=ck.device))
+        ck[p] = stored[0]
+        if sc is not None:
+            scale[p] = sc[0]
+
+
+def reference_verify(ck, *args, checkpoint_scale=None, sr_seed=None, layer=0, **kw):
+    """The reference verify on the decoded checkpoint, its flushed pages written back through the reference
+    quantization."""
+    S = quant.dequantize(ck, checkpoint_scale)
+    ref.replay_verify(S, *args, **kw)
+    rs, nc, page_ids, cu, W = args[3], args[4], args[10], args[11], args[12]
+    qs = (cu[1:] - cu[:-1]).tolist()
+    _write(ck, checkpoint_scale, S, [p for p, q in zip(page_ids.tolist(), qs) if p and q and int(nc[p]) + q > W],
+           sr_seed, layer)
+
+
+def reference_materialize(ck, xr, Br, dtr, rs, nc, A, pages, window, checkpoint_scale=None, sr_seed=None, layer=0):
+    S = quant.dequantize(ck, checkpoint_scale)
+    ref.replay_materialize(S, xr, Br, dtr, rs, nc, A, pages, window=window)
+    _write(ck, checkpoint_scale, S, [p for p in pages.tolist() if p and int(nc[p]) > 0], sr_seed, layer)
+
+
+def code_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """How many representable values apart two stored tensors are, elementwise (same-sign codes are ordered by
+    their magnitude bits; a sign flip around zero counts the codes on both sides)."""
+    width = {1: torch.int8, 2: torch.int16}[a.element_size()]
+    if a.dtype == torch.int8:
+        return (a.int() - b.int()).abs()
+    bits = {1: 0x7F, 2: 0x7FFF}[a.element_size()]
+    sign = {1: 0x80, 2: 0x8000}[a.element_size()]
+
+    def ordered(t: torch.Tensor) -> torch.Tensor:
+        raw = t.view(width).int() & (bits | sign)
+        mag = raw & bits
+        return torch.where((raw & sign) != 0, -mag, mag)
+
+    return (ordered(a) - ordered(b)).abs()
+
+
+def assert_matches(case: dict, got: tuple, want: tuple, *, exact: bool, out_tol: float = 1e-5,
+                   moved: float = 0.02) -> None:
+    """The kernel's result ``got`` against the reference's ``want``: outputs within ``out_tol``, rings equal,
+    unflushed pages' bytes and scales untouched, flushed pages' bytes and scales identical (``exact``) or every
+    value at most one representable step away, at most a fraction ``moved`` of them, scales within 1e-6."""
+    (st_g, sc_g, out_g), (st_w, sc_w, out_w) = got, want
+    assert rel(out_g, out_w) <= out_tol, f"output rel err {rel(out_g, out_w):.3g}"
+    assert torch.equal(st_g["x_ring"], st_w["x_ring"]) and torch.equal(st_g["B_ring"], st_w["B_ring"])
+    assert float((st_g["dt_ring"] - st_w["dt_ring"]).abs().max()) <= 1e-5
+    keep = [p for p in range(st_g["checkpoint"].shape[0]) if p not in case["flushed"]]
+    ck0 = case["state"]["checkpoint"]
+    assert torch.equal(st_g["checkpoint"][keep].view(torch.uint8), ck0[keep].view(torch.uint8)), "unflushed page written"
+    if sc_g is not None:
+        assert torch.equal(sc_g[keep], case["scale"][keep]), "unflushed page's scales written"
+    fl = case["flushed"]
+    if exact:
+        assert torch.equal(st_g["checkpoint"][fl].view(torch.uint8), st_w["checkpoint"][fl].view(torch.uint8))
+        if sc_g is not None:
+            assert torch.equal(sc_g[fl].view(torch.int32), sc_w[fl].view(torch.int32))
+        return
+    steps = code_steps(st_g["checkpoint"][fl], st_w["checkpoint"][fl])
+    assert int(steps.max()) <= 1, f"a stored value {int(steps.max())} steps from the reference's"
+    assert float((steps != 0).float().mean()) <= moved, f"more than {moved:.0%} of the flushed values moved a step"
+    if sc_g is not None:
+        assert float(((sc_g[fl] - sc_w[fl]).abs() / sc_w[fl].abs()).max()) <= 1e-6
+
+

@@ -1,0 +1,98 @@
+"""Triton verify and materialize on quantized and stochastically rounded checkpoints against the reference, in the
+Triton interpreter: int8 and fp8_e4m3fn checkpoints with their (pages, H, P) decode scales, bf16/fp16 with
+stochastic rounding, both verify kernels and their launch shapes (chosen with ``ssmstate.ops.triton.override``),
+flush and non-flush rows mixed in one batch, padding rows.
+
+What is bit-exact and what is not: the kernels quantize a fold ``S1`` they compute themselves (fp32 dots in another
+order than the reference's einsum; tf32 on the GPU), so where ``S1`` differs in its last bits a code may land one
+step from the reference's (|Δq| <= 1, the next representable value) and a scale one ulp off; outputs agree to fp32
+rounding. Where the fold is exact (a history of dt = 0: ``S1 = dequant(S0)``), the stored bytes and scales are the
+reference's bit for bit, stochastic rounding included. The quantization helpers alone are bit-exact on any tile
+(tests/test_quant_triton.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("GPU present: the Triton backend is tested compiled in tests/gpu/", allow_module_level=True)
+if "ssmstate.ops.triton.common" in sys.modules and not sys.modules["ssmstate.ops.triton.common"].INTERPRETED:
+    pytest.skip("Triton kernels were imported in compiled mode before this module", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"
+triton = pytest.importorskip("triton")
+
+from ssmstate.errors import ConfigError, ShapeError  # noqa: E402
+from ssmstate.ops import triton as ot  # noqa: E402
+from tests.quant_common import (  # noqa: E402
+    LAYER, VARIANTS, assert_matches, code_steps, quant_case, reference_materialize, reference_verify, run,
+)
+from tests.test_triton_common import verify_args  # noqa: E402
+
+#: launch overrides: both kernels, whole-tile and chunked folds (two passes over N), split, pipelined, TMA store
+LAUNCHES = [{"shape": "ldg", "HPP": 1, "FOLD_N": 8}, {"shape": "ldg_stream", "HPP": 1, "NC": 8}, {"shape": "base"},
+            {"shape": "base", "FOLD_N": 16}, {"shape": "split", "FOLD_N": 16}, {"shape": "pipelined", "HEADS": 2},
+            {"shape": "split_lean", "TMA_STORE": 1}]
+
+@pytest.mark.parametrize("dtype,sr", VARIANTS)
+@pytest.mark.parametrize("launch", LAUNCHES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_verify_quantized_matches_reference(dtype, sr, launch):
+    case = quant_case(1, dtype, sr)
+    with ot.override(**launch):
+        got = run(ot.replay_verify, case)
+    assert_matches(case, got, run(reference_verify, case), exact=False)
+
+
+@pytest.mark.parametrize("dtype,sr", VARIANTS)
+@pytest.mark.parametrize("launch", [LAUNCHES[0], LAUNCHES[3], LAUNCHES[5]],
+                         ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_verify_flush_bytes_exact_when_the_fold_is(dtype, sr, launch):
+    """A history of dt = 0 makes ``S1 = dequant(S0)`` in both: the requantized bytes and scales are identical."""
+    case = quant_case(2, dtype, sr, exact_fold=True)
+    with ot.override(**launch):
+        got = run(ot.replay_verify, case)
+    assert_matches(case, got, run(reference_verify, case), exact=True)
+
+
+@pytest.mark.parametrize("dtype,sr", VARIANTS)
+@pytest.mark.parametrize("exact", [False, True])
+def test_materialize_quantized(dtype, sr, exact):
+    case = quant_case(3, dtype, sr, exact_fold=exact, P=24, N=24)  # tails: masked rows and columns
+    pages = torch.tensor([0, *case["page_ids"].tolist()[:3]], dtype=torch.int32)
+    res = []
+    for fn in (ot.replay_materialize, reference_materialize):
+        st = {k: v.clone() for k, v in case["state"].items()}
+        scale = None if case["scale"] is None else case["scale"].clone()
+        fn(st["checkpoint"], st["x_ring"], st["B_ring"], st["dt_ring"], case["ring_start"], case["num_committed"],
+           case["A"], pages, window=case["W"], checkpoint_scale=scale, sr_seed=case["sr_seed"], layer=LAYER)
+        res.append((st, scale))
+    (st_g, sc_g), (st_w, sc_w) = res
+    if exact:
+        assert torch.equal(st_g["checkpoint"].view(torch.uint8), st_w["checkpoint"].view(torch.uint8))
+        if sc_g is not None:
+            assert torch.equal(sc_g.view(torch.int32), sc_w.view(torch.int32))
+    else:
+        assert int(code_steps(st_g["checkpoint"], st_w["checkpoint"]).max()) <= 1
+        if sc_g is not None:
+            assert float(((sc_g - sc_w).abs() / sc_w.abs()).max()) <= 1e-6
+
+
+def test_quantized_arguments_refused():
+    case = quant_case(4, torch.int8, False)
+    out = torch.empty_like(case["x"])
+    args = verify_args(case)
+    with pytest.raises(ShapeError, match="needs its checkpoint_scale"):
+        ot.replay_verify(*args, out)
+    with pytest.raises(ShapeError, match="checkpoint_scale must be"):
+        ot.replay_verify(*args, out, checkpoint_scale=case["scale"][:, :, :8])
+    fp32 = dict(case, state=dict(case["state"], checkpoint=case["state"]["checkpoint"].float()))
+    with pytest.raises(ShapeError, match="only for int8/fp8"):
+        ot.replay_verify(*verify_args(fp32), out, checkpoint_scale=case["scale"])
+    with pytest.raises(ConfigError, match="stochastic rounding needs"):
+        ot.replay_verify(*verify_args(fp32), out, sr_seed=torch.tensor([1]))
+    with pytest.raises(ShapeError, match="sr_seed must be one int64"):
+        ot.replay_verify(*args, out, checkpoint_scale=case["scale"], sr_seed=torch.tensor([1], dtype=torch.int32))
