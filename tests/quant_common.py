@@ -57,31 +57,12 @@ def run(fn, case: dict, **kw) -> tuple[dict, torch.Tensor | None, torch.Tensor]:
     return st, scale, out
 
 
-def _write(ck: torch.Tensor, scale: torch.Tensor | None, S: torch.Tensor, pages: list[int], sr_seed, layer) -> None:
-    """The reference's checkpoint write (:func:`ssmstate.ops.quant.quantize`) of the fp32 states ``S`` at ``pages``."""
-    for p in pages:
-        stored, sc = quant.quantize(S[p:p + 1], ck.dtype, seed=sr_seed, layer=layer,
-                                    pages=torch.tensor([p], dtype=torch.int64, device=ck.device))
-        ck[p] = stored[0]
-        if sc is not None:
-            scale[p] = sc[0]
+def reference_verify(*args, **kw):
+    return ref.replay_verify(*args, **kw)
 
 
-def reference_verify(ck, *args, checkpoint_scale=None, sr_seed=None, layer=0, **kw):
-    """The reference verify on the decoded checkpoint, its flushed pages written back through the reference
-    quantization."""
-    S = quant.dequantize(ck, checkpoint_scale)
-    ref.replay_verify(S, *args, **kw)
-    rs, nc, page_ids, cu, W = args[3], args[4], args[10], args[11], args[12]
-    qs = (cu[1:] - cu[:-1]).tolist()
-    _write(ck, checkpoint_scale, S, [p for p, q in zip(page_ids.tolist(), qs) if p and q and int(nc[p]) + q > W],
-           sr_seed, layer)
-
-
-def reference_materialize(ck, xr, Br, dtr, rs, nc, A, pages, window, checkpoint_scale=None, sr_seed=None, layer=0):
-    S = quant.dequantize(ck, checkpoint_scale)
-    ref.replay_materialize(S, xr, Br, dtr, rs, nc, A, pages, window=window)
-    _write(ck, checkpoint_scale, S, [p for p in pages.tolist() if p and int(nc[p]) > 0], sr_seed, layer)
+def reference_materialize(*args, **kw):
+    return ref.replay_materialize(*args, **kw)
 
 
 def code_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

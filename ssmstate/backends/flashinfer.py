@@ -57,7 +57,7 @@ from ssmstate.backends.reference import ReferenceBackend
 from ssmstate.cache import StateCache
 from ssmstate.dtypes import is_quantized
 from ssmstate.errors import BackendUnavailableError, ConfigError, ShapeError
-from ssmstate.layout import PageLayout
+from ssmstate.layout import SCALE_NAME, PageLayout
 from ssmstate.plan import StepPlan
 
 Tensor = torch.Tensor
@@ -72,6 +72,12 @@ MAX_WINDOW = 16
 #: selective_state_update's multi-token form is exercised up to 16 tokens here.
 MAX_NATIVE_TOKENS = 16
 _TWO_BYTE = (torch.bfloat16, torch.float16)
+#: checkpointing_ssu's int8/fp8 kernel: four warps of 16 head-dim rows each own the per-row amax, so one head's
+#: 64 rows are one tile (d_split 1); it is monolithic only (the two-kernel split takes 2- and 4-byte states)
+QUANT_HEAD_DIM = 64
+#: checkpoint dtypes whose writes checkpointing_ssu rounds stochastically with a ``rand_seed`` (Philox bits: the
+#: same distribution as ssmstate.ops.quant's rounding, not the same bits); a bf16 checkpoint it rounds to nearest
+SR_STATES = (torch.float16, torch.int8, torch.float8_e4m3fn)
 _STATE = (torch.float32, torch.bfloat16, torch.float16)
 _INT32_MAX = 2**31 - 1
 _OTHERS = "backends that can run it: 'reference' (PyTorch, any device) and 'triton'"
@@ -84,7 +90,8 @@ def unsupported_reasons(layout: PageLayout) -> list[str]:
     """Why FlashInfer cannot serve ``layout`` (empty when it can). Needs neither flashinfer nor a GPU.
 
     Replay (``checkpointing_ssu``): 2-byte activations (x, B, C, z and the x/B
-    rings; its MMAs are bf16/fp16 only), fp32/bf16/fp16 checkpoint, ``W <= 16``
+    rings; its MMAs are bf16/fp16 only), fp32/bf16/fp16 checkpoint or int8/fp8 with its decode scales at
+    ``P = 64`` (:data:`QUANT_HEAD_DIM`), ``W <= 16``
     (one MMA K tile), ``T <= W``, ``P`` a multiple of 16 and at least 32 (the
     output MMA tiles head_dim by 16 with a 32-wide floor), ``N`` a multiple of 64
     (the state replay runs an even number of 32-column MMA passes), and
@@ -102,8 +109,11 @@ def unsupported_reasons(layout: PageLayout) -> list[str]:
     if g.act_dtype not in _TWO_BYTE:
         reasons.append(f"act_dtype={g.act_dtype} (x, B, C, z and the rings must be bf16 or fp16)")
     if is_quantized(g.state_dtype):
-        reasons.append(f"state_dtype={g.state_dtype}: 8-bit checkpoints need checkpointing_ssu's state_scale, "
-                       f"which this backend does not pass")
+        if layout.scheme != "replay":
+            reasons.append(f"state_dtype={g.state_dtype}: 8-bit states are replay checkpoints only")
+        elif P != QUANT_HEAD_DIM:
+            reasons.append(f"state_dtype={g.state_dtype} needs head_dim P={QUANT_HEAD_DIM} (checkpointing_ssu's "
+                           f"8-bit kernel: one 64-row tile per head, d_split 1), got {P}")
     elif g.state_dtype not in _STATE:
         reasons.append(f"state_dtype={g.state_dtype} (needs fp32, bf16 or fp16)")
     if P % 16:
@@ -245,7 +255,9 @@ class FlashInferBackend(ReferenceBackend):
 
     name = "flashinfer"
     reads_row_cursors = False  # checkpointing_ssu reads each page's cursors itself: no per-step gather
-    supports_stochastic_rounding = False  # its rand_seed is not passed
+    #: flush writes take checkpointing_ssu's ``rand_seed`` (the cache's device seed): fp16, int8 and fp8 checkpoints
+    #: (:data:`SR_STATES`); verify refuses a bf16 one. Materialize is the reference's (ssmstate.ops.quant's bits).
+    supports_stochastic_rounding = True
 
     def __init__(self, algorithm: str = "auto", native_algorithm: str = "auto") -> None:
         self.algorithm = algorithm
@@ -385,6 +397,7 @@ class FlashInferBackend(ReferenceBackend):
         t = cache.layers[layer]
         g, s = cache.layout.geometry, cache.layout.spec
         H, P, N = g.heads_per_rank, g.head_dim, g.state_size
+        algorithm, scale, seed = self._quant_args(cache, layer)
         T, rows, L = s.num_tokens, plan.num_rows, plan.total_tokens
         buf = self._buffers_for(cache, plan)
         cb_scaled, cumAdt_vec, cb_old = buf.scratch  # type: ignore[misc]
@@ -408,9 +421,27 @@ class FlashInferBackend(ReferenceBackend):
             t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start, cache.num_committed,
             xv, dtv, A3, Bv, Cv, ov, D=D2, z=zv, dt_bias=b2, dt_softplus=True,
             state_batch_indices=plan.page_ids, pad_slot_id=0, cu_seqlens=cu, max_seqlen=max_seqlen,
-            cb_scaled=cb_scaled, cumAdt_vec=cumAdt_vec, cb_old=cb_old, algorithm=self.algorithm,
+            cb_scaled=cb_scaled, cumAdt_vec=cumAdt_vec, cb_old=cb_old, algorithm=algorithm,
+            state_scale=scale, rand_seed=seed,
         )
         return out
+
+    def _quant_args(self, cache: StateCache, layer: int) -> tuple[str, Tensor | None, Tensor | None]:
+        """(algorithm, state_scale, rand_seed) of a replay verify: an 8-bit checkpoint's decode scales and the
+        monolithic kernel (FlashInfer's only 8-bit one), the cache's stochastic-rounding seed where set."""
+        dtype = cache.layout.geometry.state_dtype
+        seed = cache.checkpoint_seed
+        if seed is not None and dtype not in SR_STATES:
+            raise BackendUnavailableError(
+                f"flashinfer backend: checkpointing_ssu rounds a {dtype} checkpoint to nearest only; "
+                f"stochastic rounding needs an fp16, int8 or fp8 checkpoint here ({_OTHERS})")
+        if not is_quantized(dtype):
+            return self.algorithm, None, seed
+        if self.algorithm == "two-kernel":
+            raise BackendUnavailableError(
+                f"flashinfer backend: checkpointing_ssu's two-kernel path takes no 8-bit checkpoint; use "
+                f"algorithm 'auto' or 'monolith' ({_OTHERS})")
+        return "monolith", cache.layers[layer][SCALE_NAME], seed
 
     def _native_verify(self, cache: StateCache, layer: int, plan: StepPlan, x: Tensor, dt: Tensor, A: Tensor,
                        B: Tensor, C: Tensor, D: Tensor | None, dt_bias: Tensor | None, z: Tensor | None,

@@ -14,9 +14,8 @@ from types import ModuleType
 import torch
 
 from ssmstate.cache import StateCache
-from ssmstate.dtypes import dtype_name, is_quantized
 from ssmstate.errors import BackendUnavailableError, ConfigError
-from ssmstate.layout import PageLayout
+from ssmstate.layout import SCALE_NAME, PageLayout
 from ssmstate.plan import StepPlan
 
 try:
@@ -42,7 +41,9 @@ def _ops() -> ModuleType:
 
 
 class TritonBackend:
-    """ReplaySSM verify (both routes), commit, materialize and conv update in Triton.
+    """ReplaySSM verify (both routes), commit, materialize and conv update in Triton, on fp32/bf16/fp16 and 8-bit
+    (int8, fp8_e4m3fn, with their decode scales) checkpoints, stochastically rounded when the cache's
+    ``checkpoint_seed`` is set.
 
     Args:
         pdl: launch ``conv`` and ``verify`` as programmatic dependents (GPU only; no effect in the interpreter).
@@ -58,7 +59,7 @@ class TritonBackend:
 
     name = "triton"
     reads_row_cursors = True  # the TMA kernel loads them beside the page id
-    supports_stochastic_rounding = False
+    supports_stochastic_rounding = True  # flush and materialize writes, bit for bit as ssmstate.ops.quant
 
     def __init__(self, pdl: bool = False) -> None:
         if not isinstance(pdl, bool):
@@ -90,9 +91,6 @@ class TritonBackend:
             raise BackendUnavailableError(f"the triton backend needs a CUDA device (or CPU + TRITON_INTERPRET=1), got {device}")
         g, s = layout.geometry, layout.spec
         problems = []
-        if is_quantized(g.state_dtype):
-            problems.append(f"{dtype_name(g.state_dtype)} checkpoints (the kernels read and write no "
-                            f"checkpoint_scale; backend='reference' serves 8-bit checkpoints)")
         if g.head_dim > MAX_HEAD_DIM:
             problems.append(f"head_dim {g.head_dim} > {MAX_HEAD_DIM}")
         if g.state_size > MAX_STATE_SIZE:
@@ -112,6 +110,7 @@ class TritonBackend:
             t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start, cache.num_committed,
             x, dt, A, B, C, plan.page_ids, plan.cu_seqlens, cache.layout.spec.window, out,
             D=D, dt_bias=dt_bias, z=z, row_cursors=plan.row_cursors, pdl=self.pdl,
+            checkpoint_scale=t.get(SCALE_NAME), sr_seed=cache.checkpoint_seed, layer=layer,
         )
 
     def conv(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, weight: Tensor,
@@ -129,4 +128,5 @@ class TritonBackend:
         t = cache.layers[layer]
         _ops().replay_materialize(t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"],
                                   cache.ring_start, cache.num_committed, A, page_ids,
-                                  window=cache.layout.spec.window)
+                                  window=cache.layout.spec.window, checkpoint_scale=t.get(SCALE_NAME),
+                                  sr_seed=cache.checkpoint_seed, layer=layer)

@@ -24,11 +24,12 @@ from tests.test_triton_common import rel
 
 DEV = "cuda"
 NEMO = dict(H=128, G=8, P=64, N=128, act_dtype=torch.bfloat16)
-#: every named launch shape (the heuristic's too), whole-tile and chunked folds, TMA stores
-SHAPES = [None, dict(shape="base"), dict(shape="latency"), dict(shape="latency", FOLD_N=128, TMA_STORE=1),
-          dict(shape="one_head"), dict(shape="pipelined"), dict(shape="pipelined", TMA_STORE=1), dict(shape="split"),
-          dict(shape="split", TMA_STORE=1), dict(shape="split_lean"), dict(shape="ldg"), dict(shape="ldg_stream"),
-          dict(shape="ldg", FOLD_N=128)]
+#: every named launch shape besides the heuristic's, whole-tile and chunked folds, TMA stores (int8 and fp8)
+SHAPES = [dict(shape="base"), dict(shape="latency"), dict(shape="latency", FOLD_N=128, TMA_STORE=1),
+          dict(shape="one_head"), dict(shape="pipelined", TMA_STORE=1), dict(shape="split", TMA_STORE=1),
+          dict(shape="split_lean"), dict(shape="ldg_stream"), dict(shape="ldg", FOLD_N=128)]
+#: each rounding variant: the heuristic's launch and one of each family
+FAMILIES = [None, dict(shape="pipelined"), dict(shape="split"), dict(shape="ldg")]
 
 
 def launch_id(c) -> str:
@@ -40,8 +41,18 @@ def vid(v) -> str:
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=vid)
-@pytest.mark.parametrize("cfg", SHAPES, ids=launch_id)
+@pytest.mark.parametrize("cfg", FAMILIES, ids=launch_id)
 def test_verify_quantized_gpu(variant, cfg):
+    check_verify(variant, cfg)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn], ids=str)
+@pytest.mark.parametrize("cfg", SHAPES, ids=launch_id)
+def test_verify_quantized_shapes_gpu(dtype, cfg):
+    check_verify((dtype, False), cfg)
+
+
+def check_verify(variant, cfg) -> None:
     dtype, sr = variant
     case = quant_case(5, dtype, sr, device=DEV, qs=(4, 3, 4, 1, 2, 4, 4, 3, 2), **NEMO)
     with trk.override(**(cfg or {})):
@@ -50,7 +61,7 @@ def test_verify_quantized_gpu(variant, cfg):
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=vid)
-@pytest.mark.parametrize("cfg", [None, dict(shape="pipelined"), dict(shape="split"), dict(shape="ldg")], ids=launch_id)
+@pytest.mark.parametrize("cfg", [None, dict(shape="ldg")], ids=launch_id)
 def test_verify_flush_bytes_exact_gpu(variant, cfg):
     dtype, sr = variant
     case = quant_case(6, dtype, sr, device=DEV, exact_fold=True, qs=(4, 3, 4, 1, 2, 4, 4, 3, 2), **NEMO)
