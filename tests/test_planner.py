@@ -187,6 +187,26 @@ def test_nemotron_h_8b_8bit_page_is_under_04x_of_vllm_replayssm_fp32(state: str)
         plan_capacity("nemotron-h-8b", gpu="H200", state_dtype=state, builtin_state_dtype="int8")
 
 
+def test_capacity_doc_8bit_table_is_current() -> None:
+    """The 8-bit table of docs/capacity.md is what the planner gives."""
+    import re
+
+    from ssmstate.gpus import format_size
+
+    text = (ROOT / "docs" / "capacity.md").read_text()
+    rows = re.findall(r"^\| (nemotron-[\w-]+) \| (\w+) \| (.*) \|$", text, flags=re.M)
+    assert len(rows) == 8
+    for model, dtype, rest in rows:
+        p = plan_capacity(model, gpu="H200", state_dtype=dtype, builtin_state_dtype="fp32")
+        q = plan_capacity(model, gpu="H200", state_dtype=dtype, builtin_state_dtype="fp32", count_attention=False)
+        assert p.vllm_replayssm is not None and q.vllm_replayssm is not None
+        want = (f"{format_size(p.replay.layer_page_bytes)} | {p.replay.mamba_bytes_per_request:,} | "
+                f"{p.replayssm_bytes_ratio:.2f}x | {p.replay.max_concurrency} / {p.vllm_replayssm.max_concurrency} / "
+                f"{p.native.max_concurrency} | {q.replay.max_concurrency} / {q.vllm_replayssm.max_concurrency} / "
+                f"{q.native.max_concurrency}")
+        assert rest == want, (model, dtype)
+
+
 def test_max_concurrency_benchmark_admits_the_planned_8bit_pool(tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location("max_concurrency", ROOT / "benchmarks" / "max_concurrency.py")
     mod = importlib.util.module_from_spec(spec)

@@ -2,12 +2,15 @@
 
 The float64 serial oracle is mirrored: wherever the manager writes a checkpoint (a flush in verify,
 materialize, write_state) the oracle's state is replaced by ``decode(quantize(fp32(state)))`` with the same
-seed, layer and page. The manager computes the folded state in fp32, the oracle in fp64, so the two quantize
-values that differ by fp32 rounding: a code can land one step apart where a value sits on a rounding edge.
-Hence the stated bound: per element, the state error is at most one quantization step (2 x scale/2 for
-int8) per checkpoint write so far, plus fp32 rounding; outputs are bounded through ``|C|`` and the gate.
-Bytes are compared exactly where both sides quantize the same fp32 value (write_state) and to within one
-step elsewhere.
+seed, layer and page. A flushing verify computes its outputs from the exact folded state (as FlashInfer's
+8-bit kernel does) and continues from the stored one, and so does the oracle. The manager computes the
+folded state in fp32, the oracle in fp64, so the two quantize values that differ by fp32 rounding: a code
+can land one step apart where a value sits on a rounding edge. Hence the stated bound: per element, the
+state error is at most one quantization step (2 x scale/2 for int8) per checkpoint write so far, plus fp32
+rounding, and such one-step flips are rare (checked as a fraction, for states and outputs alike). Bytes are
+compared exactly where both sides quantize the same fp32 value (write_state) and to within one step
+elsewhere. Against the exact (unquantized) oracle this adds at most scale/2 per write for int8 nearest
+rounding, a grid step per write for stochastic rounding (ssmstate/ops/quant.py, tests/test_quant.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ssmstate.errors import BackendUnavailableError, ConfigError
 from ssmstate.layout import SCALE_NAME
 from ssmstate.ops import quant
 from tests.harness import Harness
+from tests.oracle import SerialOracle
 from tests.test_schedules import OPS
 
 DTYPES = (torch.int8, torch.float8_e4m3fn, torch.bfloat16, torch.float16)
@@ -45,33 +49,58 @@ def grid_step(S: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.pow(2.0, torch.clamp(e - 1, min=emin) - mbits).double()
 
 
+class QuantOracle(SerialOracle):
+    """A serial oracle whose state is replaced by its stored (quantized) value at a flush, after the outputs."""
+
+    def __init__(self, *args: int) -> None:
+        super().__init__(*args)
+        self.stored: dict[tuple[object, int], torch.Tensor] = {}
+
+    def verify(self, rid, layer, *args, **kwargs):
+        y = super().verify(rid, layer, *args, **kwargs)  # outputs from the exact state
+        S = self.stored.pop((rid, layer), None)
+        if S is not None:  # the accepted states continue from the stored checkpoint
+            self.ssm[rid][layer] = S
+            super().verify(rid, layer, *args, **kwargs)
+        return y
+
+
 class QuantHarness(Harness):
     """A :class:`Harness` whose oracle quantizes where the manager writes a checkpoint."""
 
     def __init__(self, geom: Mamba2Geometry, spec: SpecConfig, num_pages: int, sr: bool, seed: int) -> None:
         super().__init__(geom, spec, num_pages, seed=seed)
         self.m = StateManager(PageLayout.replay(geom, spec), num_pages, stochastic_rounding=sr, seed=seed * 7919)
+        H, P, N, G = geom.heads_per_rank, geom.head_dim, geom.state_size, geom.groups_per_rank
+        self.o = QuantOracle(geom.num_layers, H, P, N, G, geom.conv_dim_per_rank, geom.conv_kernel)
         self.sr = sr
         self.c: dict[object, int] = {}  # mirror of num_committed
         self.bound: dict[tuple[object, int], torch.Tensor] = {}  # per-element state error bound
         self.writes = 0
         self.checked = self.off = 0  # elements compared after writes / those more than fp32 rounding apart
+        self.out_checked = self.out_off = 0  # the same for outputs
 
     # -- the oracle's quantized writes ----------------------------------------------------------------
     def _seed(self) -> torch.Tensor | None:
         s = self.m.cache.checkpoint_seed
         return None if s is None else s.clone()
 
-    def _oracle_write(self, rid: object, layer: int, seed: torch.Tensor | None) -> None:
+    def _oracle_write(self, rid: object, layer: int, seed: torch.Tensor | None, later: bool = False) -> torch.Tensor:
+        """The oracle's stored state for a checkpoint write now; installed at once, or at the step's verify."""
         dt = self.g.state_dtype
         S = self.o.ssm[rid][layer].float()
         page = torch.tensor([self.m.page_of(rid)])
         stored, scale = quant.quantize(S.unsqueeze(0), dt, seed=seed, layer=layer, pages=page if self.sr else None)
-        self.o.ssm[rid][layer] = quant.dequantize(stored, scale)[0].double()
+        Sq = quant.dequantize(stored, scale)[0].double()
+        if later:
+            self.o.stored[(rid, layer)] = Sq
+        else:
+            self.o.ssm[rid][layer] = Sq
         key = (rid, layer)
         prev = self.bound.get(key, torch.zeros_like(S, dtype=torch.float64))
         self.bound[key] = prev + grid_step(S, dt)
         self.writes += 1
+        return Sq
 
     def admit(self) -> object:
         rid = super().admit()
@@ -121,8 +150,8 @@ class QuantHarness(Harness):
         written = {}
         for rid in flushing:
             for layer in range(self.g.num_layers):
-                self._oracle_write(rid, layer, seed)
-                written[(rid, layer)] = (self.o.ssm[rid][layer].clone(), self.bound[(rid, layer)].clone())
+                Sq = self._oracle_write(rid, layer, seed, later=True)
+                written[(rid, layer)] = (Sq, self.bound[(rid, layer)].clone())
         super().step(rids, qs, accepted, pad, device_counts)
         for (rid, layer), (want, bound) in written.items():  # the checkpoint holds the state the step began from
             self._check_bytes(rid, layer, want, bound)
@@ -147,15 +176,20 @@ class QuantHarness(Harness):
     def check_rare_flips(self) -> None:
         """Codes one step apart are rare (a value on a rounding edge); a wrong seed, layer or page in the
         stochastic-rounding hash, or a second rounding, moves a large fraction of them."""
-        assert self.off <= 2 + 0.02 * self.checked, f"{self.off} of {self.checked} stored values off the oracle's"
+        assert self.off <= 2 + 0.002 * self.checked, f"{self.off} of {self.checked} stored values off the oracle's"
+        # a flipped state element shows in the outputs of its row until it has decayed: a few dozen values
+        assert self.out_off <= 40 + 0.01 * self.out_checked, f"{self.out_off} of {self.out_checked} outputs off"
 
     def _cmp(self, got, want, what, scale_tol=None) -> None:
-        """Outputs: |dy| <= sum_n bound * |C| * |gate| is not tracked per token; use the state bound's norm."""
+        """Outputs: within fp32 rounding, except where a one-step flip of the state shows through ``C`` and the
+        gate (|dy| <= sum_n bound |C_n| |silu(z)|, with |C|, |silu(z)| < 6 for these draws); flips are counted."""
         a, b = got.double(), want.double()
-        worst = max((float(v.amax()) for v in self.bound.values()), default=0.0)
-        N = self.g.state_size
-        tol = FP32_REL * 10 * max(float(b.abs().amax()), 1.0) + worst * N * 4.0 * 4.0
-        assert float((a - b).abs().amax()) <= tol, f"{what}: {float((a - b).abs().amax()):.3g} > {tol:.3g}"
+        worst = max((float(v.sum(-1).amax()) for v in self.bound.values()), default=0.0)
+        fp32 = FP32_REL * 10 * max(float(b.abs().amax()), 1.0)
+        err = (a - b).abs()
+        self.out_checked += err.numel()
+        self.out_off += int((err > fp32).sum())
+        assert float(err.amax()) <= fp32 + worst * 36, f"{what}: {float(err.amax()):.3g} > {fp32 + worst * 36:.3g}"
 
     def check_states(self, state_tol=None) -> None:
         for rid in self.active:

@@ -184,9 +184,7 @@ def replay_verify(
     z: Tensor | None = None,
     dt_softplus: bool = True,
     row_cursors: Tensor | None = None,
-    checkpoint_scale: Tensor | None = None,
-    sr_seed: Tensor | None = None,
-    layer: int = 0,
+    checkpoint_scale: Tensor | None = None, sr_seed: Tensor | None = None, layer: int = 0,
 ) -> Tensor:
     """ReplaySSM verify for one layer: outputs for every window token, rows appended to the ring.
 
@@ -210,19 +208,14 @@ def replay_verify(
             gathered when the step began (``StepPlan.row_cursors``). A fast kernel may read a row's cursors
             there instead of at its page; here they are checked: a stale copy raises ``LifecycleError``
             before anything is written.
-        checkpoint_scale: (pages, H, P) fp32 decode scales of an 8-bit checkpoint (read, rewritten on flush
-            rows), else None.
-        sr_seed: (1,) int64 device seed for stochastic rounding of flushed checkpoints, or None (nearest).
-        layer: the layer index mixed into the stochastic-rounding hash.
+        checkpoint_scale: (pages, H, P) fp32 scales of an 8-bit checkpoint (rewritten with it), else None.
+        sr_seed, layer: (1,) int64 seed of stochastically rounded flushes (None: nearest); layer for the hash.
     Returns:
         ``out``.
     """
     check_checkpoint_scale(checkpoint, checkpoint_scale)
-    R = x_ring.shape[2]
-    dev = x.device
-    Af = A.float()
-    pages = page_ids.tolist()
-    cu = cu_seqlens.tolist()
+    R, dev, Af = x_ring.shape[2], x.device, A.float()
+    pages, cu = page_ids.tolist(), cu_seqlens.tolist()
     if row_cursors is not None:
         check_row_cursors(row_cursors, ring_start, num_committed, page_ids, cu_seqlens)
     for r, p in enumerate(pages):
