@@ -178,8 +178,22 @@ def fi_rows(fi, pool: QuantPool, layout: PageLayout, b: int, sets, o, row: dict,
     del scratch
 
 
+def warm(name: str) -> None:
+    """One FlashInfer call on a one-row pool of ``name`` checkpoints: its JIT build, cached for later processes."""
+    fi, _ = bv.load_flashinfer(False)
+    if fi is None:
+        sys.exit("flashinfer is not importable")
+    layout = layout_of(DTYPES[name], 4, 16)
+    pool = QuantPool(layout, 3, 1, seed=0)
+    ids = [torch.tensor([1], dtype=torch.int32, device=bv.DEV)]
+    args = argparse.Namespace(reps=1)
+    fi_rows(fi, pool, layout, 1, ids, pool.out[:4], {"ours_nonflush_us": 1.0}, args, 8)
+    torch.cuda.synchronize()
+    bv.log(f"flashinfer {name} built")
+
+
 def print_table(res: dict) -> None:
-    bv.log("\nnon-flush verify, us per call (T=4, W=16, H=128 P=64 N=128 G=8, bf16 inputs, cold pages):")
+    bv.log(f"\nnon-flush verify, us per call (T=4, W=16, H={bv.H} P={bv.P} N={bv.N} G={bv.G}, bf16 inputs, cold pages):")
     hdr = (f"{'batch':>5} | {'fp32':>7} | {'int8':>7} {'x fp32':>6} {'FI int8':>8} {'x FI':>5} | "
            f"{'fp8':>7} {'x fp32':>6} {'FI fp8':>8} {'x FI':>5}")
     bv.log(hdr)
@@ -210,7 +224,14 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also time every named launch shape on the 8-bit pools")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--cpu-smoke", action="store_true", help="CPU, Triton interpreter, toy sizes (CI smoke test)")
+    ap.add_argument("--warm", default=None, choices=("int8", "fp8"),
+                    help="only JIT-compile FlashInfer's checkpointing_ssu for this 8-bit state (the specialisation "
+                         "this benchmark and tests/gpu/test_quant_gpu.py call: dense T=4 W=16, bf16 x/B/C/dt/D/"
+                         "dt_bias) and exit; a build takes minutes of one core, so start both in the background first")
     args = ap.parse_args()
+    if args.warm:
+        warm(args.warm)
+        return
     t0 = time.time()
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"

@@ -38,3 +38,18 @@ def test_bench_verify_cpu_smoke(tmp_path: Path) -> None:
     assert "bench_verify (T:W pairs): 1/1 (100%)" in res.stderr
     assert " T   W batch |" in res.stdout
     print(f"bench_verify --cpu-smoke took {time.monotonic() - t0:.1f} s")
+
+
+def test_bench_verify_quant_cpu_smoke(tmp_path: Path) -> None:
+    """The 8-bit verify benchmark on CPU under the Triton interpreter (fp32 and int8 pools, batch 1): it prints
+    its table and writes each dtype's figures."""
+    out = tmp_path / "verify_quant.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_verify_quant.py"), "--cpu-smoke",
+                          "--dtypes", "fp32,int8", "--batches", "1", "--out", str(out)],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(out.read_text())["results"]
+    assert sorted(got) == ["fp32", "int8"]
+    assert got["int8"]["1"]["ours_nonflush_us"] > 0 and got["int8"]["1"]["ours_flush_us"] > 0
+    assert "batch |    fp32 |    int8" in res.stdout

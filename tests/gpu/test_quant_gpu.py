@@ -150,6 +150,8 @@ def test_flashinfer_8bit_matches_triton(dtype):
     fim = _flashinfer()
     qs = (4, 4, 4, 4, 4, 4, 4, 4)  # dense: every row has T tokens
     case = quant_case(10, dtype, False, device=DEV, qs=qs, W=16, **NEMO)
+    for k in ("dt", "D", "dt_bias"):  # FlashInfer's build of bench_verify_quant.py --warm: bf16 dt, D and dt_bias
+        case[k] = case[k].to(torch.bfloat16)
     got = run(trk.replay_verify, case)
     st = {k: v.clone() for k, v in case["state"].items()}
     scale = case["scale"].clone()
@@ -170,5 +172,69 @@ def test_flashinfer_8bit_matches_triton(dtype):
     assert rel(out[tok], out_g[tok]) <= 2e-2
     fl = case["flushed"]
     steps = code_steps(st["checkpoint"][fl], st_g["checkpoint"][fl])
-    assert int(steps.max()) <= 1 and float((steps != 0).float().mean()) <= 0.1
+    assert int(steps.max()) <= 1 and float((steps != 0).float().mean()) <= 0.2
     assert float(((scale[fl] - sc_g[fl]).abs() / sc_g[fl].abs()).max()) <= 1e-2
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+def test_manager_8bit_schedule_gpu(backend, dtype):
+    """A backend's manager against the reference's on an 8-bit pool at Nemotron-H geometry: ragged and dense steps,
+    commits, a rollback, materialize, preempt and resume; outputs to bf16 rounding, checkpoint codes one step apart
+    in a small fraction of places (FlashInfer: a larger one, its fold runs with bf16 operands), read states close."""
+    if backend == "flashinfer":
+        _flashinfer()
+    from ssmstate import Mamba2Geometry, PageLayout, SpecConfig, StateManager
+    from ssmstate.layout import SCALE_NAME
+
+    g = Mamba2Geometry(num_heads=128, head_dim=64, state_size=128, n_groups=8, conv_kernel=4, num_layers=1,
+                       state_dtype=dtype, act_dtype=torch.bfloat16)
+    W, T, rows = 16, 4, 5
+    layout = PageLayout.replay(g, SpecConfig(T - 1, window=W))
+    mb = StateManager(layout, 8, device=DEV, backend=backend, max_batch=rows)
+    mr = StateManager(layout, 8, device=DEV, backend="reference", max_batch=rows)
+    gen = torch.Generator().manual_seed(4)
+    H, P, N, G, Dc = 128, 64, 128, 8, g.conv_dim_per_rank
+    A = -(torch.rand(H, generator=gen) + 0.3).cuda()
+    # bf16 dt, D and dt_bias: FlashInfer's build of bench_verify_quant.py --warm (each dtype set is a JIT build)
+    D = torch.randn(H, generator=gen).to(torch.bfloat16).cuda()
+    dtb = (torch.randn(H, generator=gen) * 0.3).to(torch.bfloat16).cuda()
+    ids = [f"r{i}" for i in range(rows)]
+    for rid in ids:
+        S = torch.randn(H, P, N, generator=gen).cuda() * 0.3
+        for m in (mb, mr):
+            m.admit(rid)
+            m.write_state(rid, 0, S)
+            m.bind_layer(0, A)
+    # codes one step apart seed later differences: a step's worth of state carried into the next fold can move a
+    # code by two; FlashInfer's bf16-operand fold moves more of them
+    moved = 0.2 if backend == "flashinfer" else 0.02
+    for step, (qs, acc) in enumerate([([4] * 5, [4, 1, 2, 4, 3]), ([4, 2, 4, 1, 3], [2, 2, 0, 1, 3]),
+                                      ([4] * 5, None), ([4] * 5, [4, 4, 4, 4, 4]), ([4] * 5, [1, 2, 3, 4, 0]),
+                                      ([3, 4, 4, 4, 2], [3, 4, 1, 2, 2])]):
+        plans = [m.begin_step(ids, qs) for m in (mb, mr)]
+        L = plans[0].total_tokens
+        x = torch.randn(L, H, P, generator=gen).to(torch.bfloat16).cuda()
+        B = (torch.randn(L, G, N, generator=gen) * 0.3).to(torch.bfloat16).cuda()
+        C = (torch.randn(L, G, N, generator=gen) * 0.3).to(torch.bfloat16).cuda()
+        dt = (torch.randn(L, H, generator=gen) * 0.5 - 0.5).to(torch.bfloat16).cuda()
+        outs = [m.verify(0, p, x, dt, B, C, A, D=D, dt_bias=dtb) for m, p in zip((mb, mr), plans)]
+        assert rel(outs[0], outs[1]) < 2e-2, f"step {step} output"
+        for m, p in zip((mb, mr), plans):
+            if acc is None:
+                m.rollback(p)
+            else:
+                m.commit(p, acc)
+        if step == 2:
+            for m in (mb, mr):
+                m.materialize(ids[:2])
+        if step == 3:
+            for m in (mb, mr):
+                m.resume("r2", m.preempt("r2"))
+        assert torch.equal(mb.cache.cursors, mr.cache.cursors)
+        a, b = mb.cache.layers[0], mr.cache.layers[0]
+        steps = code_steps(a["checkpoint"], b["checkpoint"])
+        assert int(steps.max()) <= 2 and float((steps != 0).float().mean()) <= moved, f"step {step} checkpoint"
+        assert float(((a[SCALE_NAME] - b[SCALE_NAME]).abs() / b[SCALE_NAME].abs()).max()) <= 1e-2
+        for rid in ids:
+            assert rel(mb.read_state(rid, 0), mr.read_state(rid, 0)) < 2e-2

@@ -122,7 +122,7 @@ def int8_code(v):
 @triton.jit
 def fp8_code(v):
     """``v`` (already ``S * enc``) as e4m3fn bytes (uint8): clamped to [-448, 448], round to nearest even, NaN →
-    0x7F (sign kept), from the fp32 bits."""
+    0x7F (the canonical NaN, either sign), from the fp32 bits."""
     bits = v.to(tl.int32, bitcast=True)
     sign = (bits >> 31) & 1
     a = bits & 0x7FFFFFFF
@@ -132,9 +132,8 @@ def fp8_code(v):
     normal = (r >> 20) - (120 << 3)
     f = a.to(tl.float32, bitcast=True) * 512.0  # below 2^-6: m 2^-9, m = rne(|v| 2^9) in [0, 8]
     sub = ((f + 8388608.0) - 8388608.0).to(tl.int32)
-    code = tl.where(a >= 0x3C800000, normal, sub)
-    code = tl.where(nan, 0x7F, code)
-    return (code | (sign << 7)).to(tl.uint8)
+    code = tl.where(a >= 0x3C800000, normal, sub) | (sign << 7)
+    return tl.where(nan, 0x7F, code).to(tl.uint8)
 
 
 @triton.jit
