@@ -211,3 +211,13 @@ def test_rollback_after_conv_without_verify_triton():
         assert torch.equal(a, b)
     for layer in range(2):
         assert torch.equal(m.read_conv("a", layer), clean.read_conv("a", layer))
+
+
+@pytest.mark.parametrize("state_dtype", ["int8", "fp8"])
+def test_bad_input_walk_triton_8bit_stochastic(state_dtype):
+    """The walk on an 8-bit pool with stochastic rounding: every refused call leaves codes, scales and the seed as
+    they were."""
+    g = Mamba2Geometry(2, 16, 16, 1, 4, 2, state_dtype=state_dtype, act_dtype=torch.float32)
+    counts = bad_input_walk(lambda **kw: StateManager(**kw, stochastic_rounding=True, seed=3), backend="triton",
+                            device="cpu", geometry=g, spec=SPEC)
+    assert counts["tried"] == counts["typed_unchanged"] >= 250
