@@ -545,9 +545,7 @@ def main() -> None:
                     help="JSON list of launch overrides (ssmstate.ops.triton.override keys) to sweep instead of SWEEP "
                          "(implies --sweep)")
     ap.add_argument("--no-flashinfer", action="store_true")
-    ap.add_argument("--quant", action="store_true",
-                    help="also the 8-bit table (benchmarks/bench_verify_quant.py): int8 / fp8 checkpoints vs our fp32 "
-                         "path and FlashInfer's 8-bit checkpointing_ssu, T=4 W=16, the same batches")
+    ap.add_argument("--quant", action="store_true", help="also the 8-bit table (benchmarks/bench_verify_quant.py)")
     ap.add_argument("--row-cursors", type=int, default=1, choices=(0, 1),
                     help="ours reads each row's cursors from a per-step gather (StepPlan.row_cursors, as the manager "
                          "passes them; 1) or at its page (0); a sweep config's ROW_CURSORS key overrides it")
@@ -607,13 +605,8 @@ def main() -> None:
         bar.update(1)
     bar.close()
     print_table(rows, copy_tbps, fi is not None)
-    if args.quant:  # the 8-bit rows, saved beside the others
-        import bench_verify_quant
-        quant = bench_verify_quant.run_all(["fp32", "int8", "fp8"], batches, fi, args, l2)
-        with open(args.out) as fh:
-            res = json.load(fh)
-        with open(args.out, "w") as fh:
-            json.dump(dict(res, quant_rows=quant, seconds=time.time() - t0), fh, indent=1)
+    if args.quant:  # the 8-bit table, its rows saved beside the others ("quant_rows")
+        __import__("bench_verify_quant").append_rows(args.out, batches, fi, args, l2, sys.modules[__name__])
     log(f"wrote {args.out} in {time.time() - t0:.1f}s")
 
 

@@ -178,6 +178,18 @@ def fi_rows(fi, pool: QuantPool, layout: PageLayout, b: int, sets, o, row: dict,
     del scratch
 
 
+def append_rows(path: str, batches: list[int], fi, args, l2: int, bench) -> None:
+    """``benchmarks/bench_verify.py --quant``: the 8-bit table after its own, the rows added to its JSON at
+    ``path`` as ``quant_rows``; ``bench``: that script's module (its device, geometry and timing settings)."""
+    global bv
+    bv = bench
+    quant = run_all(list(DTYPES), batches, fi, args, l2)
+    with open(path) as fh:
+        res = json.load(fh)
+    with open(path, "w") as fh:
+        json.dump(dict(res, quant_rows=quant), fh, indent=1)
+
+
 def warm(name: str) -> None:
     """One FlashInfer call on a one-row pool of ``name`` checkpoints: its JIT build, cached for later processes."""
     fi, _ = bv.load_flashinfer(False)
