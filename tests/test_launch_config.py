@@ -195,3 +195,19 @@ def test_dram_bandwidth_unreported_off_the_gpu():
         common.dram_gbps_per_sm_of.cache_clear()
         assert common.dram_gbps_per_sm_of(0) == 0.0
     assert ot.choose_launch(1, 2, 16, 16, 12, 4, torch.device("cpu")).shape == "base"  # the interpreter's TMA launch
+
+
+def test_8bit_launches_come_from_the_table():
+    """An 8-bit checkpoint (one byte per element) takes the table's ``quant_shapes``: the first entry whose grid
+    bound holds and whose launch the geometry can take."""
+    from ssmstate.ops.triton.config import table
+
+    entries = table()["quant_shapes"]
+    assert all(e["shape"] in table()["shapes"] and e["why"] for e in entries)
+    for rows in (1, 8, 64, 256, 2048):
+        programs = rows * 128
+        want = next(e["shape"] for e in entries
+                    if (e["max_programs_per_sm"] is None or programs <= e["max_programs_per_sm"] * 132)
+                    and not (e["shape"].startswith("split") and rows > 1024))
+        assert choose(rows, state_size=1).shape == want, rows
+        assert choose(rows, state_size=1, G=32).shape != "pipelined"  # 4 heads per group

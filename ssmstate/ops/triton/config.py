@@ -184,6 +184,8 @@ def heuristic_shape(rows: int, H: int, P: int, N: int, R: int, T: int, dev: Devi
     long_ring = pow2(R) > _limit("tma_max_seq_rows")
     programs = rows * H * (P // block_tma)
     sms = dev.sms
+    if state_size == 1 and not long_ring:
+        return quant_shape(rows, programs, sms, tma_heads(H, G))
     pipelined = (tma_heads(H, G) == _limit("pipelined_heads")
                  and block_tma * N * state_size == _limit("pipelined_tile_bytes"))
     long_grid = programs // _limit("pipelined_heads") >= _limit("pipelined_group_programs_per_sm") * sms
@@ -196,6 +198,23 @@ def heuristic_shape(rows: int, H: int, P: int, N: int, R: int, T: int, dev: Devi
     if pipelined and not long_ring and long_grid:
         return "pipelined"
     return "one_head_long_ring" if long_ring else "one_head"
+
+
+def quant_shape(rows: int, programs: int, sms: int, heads: int) -> str:
+    """The launch shape of an 8-bit checkpoint (a quarter of fp32's bytes per tile): the first of the table's
+    ``quant_shapes`` whose ``max_programs_per_sm`` (one program per head and P tile; null: no bound) the grid is
+    within and that this geometry can take (a pipelined launch needs 16 heads per group, a split one at most
+    ``split_max_rows`` rows)."""
+    for entry in table()["quant_shapes"]:
+        bound = entry["max_programs_per_sm"]
+        if bound is not None and programs > bound * sms:
+            continue
+        name = entry["shape"]
+        if (name == "pipelined" and heads != _limit("pipelined_heads")) or (
+                name.startswith("split") and rows > _limit("split_max_rows")):
+            continue
+        return name
+    return "one_head"
 
 
 def choose_launch(rows: int, H: int, P: int, N: int, R: int, T: int, device: torch.device, G: int = 1,
