@@ -27,7 +27,7 @@ NEMO = dict(H=128, G=8, P=64, N=128, act_dtype=torch.bfloat16)
 #: every named launch shape besides the heuristic's, whole-tile and chunked folds, TMA stores (int8 and fp8)
 SHAPES = [dict(shape="base"), dict(shape="latency"), dict(shape="latency", FOLD_N=128, TMA_STORE=1),
           dict(shape="one_head"), dict(shape="pipelined", TMA_STORE=1), dict(shape="split", TMA_STORE=1),
-          dict(shape="split_lean"), dict(shape="ldg_stream"), dict(shape="ldg", FOLD_N=128)]
+          dict(shape="split_lean"), dict(shape="ldg_stream"), dict(shape="ldg", FOLD_N=128, maxnreg=0)]
 #: each rounding variant: the heuristic's launch and one of each family
 FAMILIES = [None, dict(shape="pipelined"), dict(shape="split"), dict(shape="ldg")]
 

@@ -21,7 +21,7 @@ from ssmstate.ops.triton.quant import (
 Tensor = torch.Tensor
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["layer"])  # layer 1 must stay a runtime int (the SR hash casts it)
 def _replay_materialize_kernel(
     ck_ptr, cks_ptr, seed_ptr, layer, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, A_ptr, page_ptr,
     window, R, P, N,

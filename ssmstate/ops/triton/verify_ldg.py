@@ -153,7 +153,10 @@ def _verify_head(
         # S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0 N chunk by N chunk:
         # each chunk of S0 is re-read (an L2 hit) so no full-tile accumulator is live next to S0
         XTw, hi, lo, carry = fold_weights(XT, dth, A, FOLD_SPLIT)
-        key_h = sr_head_key(key_pg, h) if SR else key_pg
+        if SR:
+            key_h = sr_head_key(key_pg, h)
+        else:
+            key_h = key_pg  # unused
         if QMODE > 0:
             fold_store_quant(ck_page, cks_page + h * s_cks_h + offs_p, h, s_ck_h, mp, offs_p, N_, b_hist, is_hist,
                              XTw, hi, lo, carry, sc, key_h, S_CK_P, BLOCK_P, BLOCK_N, FOLD_N, EVEN, FOLD_SPLIT,
@@ -210,7 +213,7 @@ def _verify_heads(
                 s_z_t, s_z_h, HAS_D, HAS_DTB, HAS_Z, cks_page, s_cks_h, EVEN, QMODE)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["layer"])  # layer 1 must stay a runtime int (the SR hash casts it)
 def verify_ldg_kernel(
     ck_ptr, cks_ptr, seed_ptr, layer, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,

@@ -60,7 +60,8 @@ def _tma_gathers(h, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr,
 def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0, i,
               last, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
               s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist,
-              is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_raw, dth, dtn, A, Dh, zz, S_pre, qt,
+              is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_raw, dth, dtn, A, Dh, zz, S_pre,
+              cks_ptr, s_cks_pg, s_cks_h, key_pg,
               P: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr,
               HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
               READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
@@ -68,9 +69,9 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
               NEXT: tl.constexpr, PRE_TILE: tl.constexpr, TMA_STORE: tl.constexpr):
     """Head ``h0 + i`` of a :func:`_tma_heads` loop whose last head is ``h0 + last``; its gathers
     (``X_raw`` .. ``zz``) were issued one iteration earlier. Returns head ``i + 1``'s gathers, issued here
-    (``NEXT``; else this head's again). ``qt``: the decode scales' pointer and strides (None: an unquantized
-    checkpoint) and the page's stochastic-rounding hash state (None: round to nearest)."""
-    cks_ptr, s_cks_pg, s_cks_h, key_pg = qt
+    (``NEXT``; else this head's again). ``cks_ptr``, ``s_cks_*``: the decode scales and their page and head
+    strides (None: an unquantized checkpoint); ``key_pg``: the page's stochastic-rounding hash state (None: round
+    to nearest)."""
     CK_TY: tl.constexpr = ck_ptr.dtype.element_ty
     QMODE: tl.constexpr = (1 if CK_TY == tl.int8 else 2) if cks_ptr is not None else 0
     SR: tl.constexpr = key_pg is not None
@@ -134,7 +135,10 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
         XTw, hi, lo_, carry = fold_weights(XT, dth, A, FOLD_SPLIT)
         ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * BLOCK_N
         mp = offs_p < P
-        key_h = sr_head_key(key_pg, h) if SR else h
+        if SR:
+            key_h = sr_head_key(key_pg, h)
+        else:
+            key_h = h  # unused
         if FOLD_N >= BLOCK_N:  # the whole tile from shared memory, B_h from the hoisted sequence rows
             if FLUSH == 1:
                 Bf = Bh
@@ -147,7 +151,10 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
                 tl.store(cks_row, scale)
             else:
                 S1 = fold_tile(S0, XTw, hi, lo_, carry, Bf, FOLD_SPLIT, FOLD_PREC)
-                S1q = round_store_value(S1, sr_bits(key_h, offs_p, tl.arange(0, BLOCK_N)) if SR else S1, CK_TY, SR)
+                if SR:
+                    S1q = round_store_value(S1, sr_bits(key_h, offs_p, tl.arange(0, BLOCK_N)), CK_TY, True)
+                else:
+                    S1q = S1.to(CK_TY)
             if TMA_STORE:  # registers to shared memory, then one asynchronous bulk copy to the tile's place
                 ck_desc.store([ck_row0 + i * P, 0], S1q)
             else:
@@ -177,7 +184,8 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
 def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist,
-               is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, qt, P: tl.constexpr, HEADS: tl.constexpr,
+               is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, cks_ptr, s_cks_pg, s_cks_h, key_pg,
+               P: tl.constexpr, HEADS: tl.constexpr,
                HSTAGES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr,
                HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
                READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
@@ -217,7 +225,7 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                 nh - 1, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h,
                 s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                 is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
-                zz_n, S_pre, qt, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
+                zz_n, S_pre, cks_ptr, s_cks_pg, s_cks_h, key_pg, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
                 FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, True, False, TMA_STORE)
             i += 1
     else:
@@ -227,7 +235,7 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                 HEADS - 1, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h,
                 s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                 is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
-                zz_n, S_pre, qt, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
+                zz_n, S_pre, cks_ptr, s_cks_pg, s_cks_h, key_pg, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
                 FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, HEADS > 1, FIRST, TMA_STORE)
 
 
@@ -306,8 +314,7 @@ def _tma_body(
     if seed_ptr is not None:  # stochastic rounding of the flush writes: the page's hash state
         key_pg = sr_page_key(seed_ptr, layer, page)
     else:
-        key_pg = None
-    qt = (cks_ptr, s_cks_pg, s_cks_h, key_pg)
+        key_pg = seed_ptr  # None
     flush = c + q > window
     # the fold mode as a constant where it is known at compile time (one route's rows; one head deciding inside
     # its loop), else one call per route so each loop body holds only its own values (a static loop over the
@@ -316,14 +323,14 @@ def _tma_body(
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                    s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
-                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, qt, P, HEADS, HSTAGES,
+                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, cks_ptr, s_cks_pg, s_cks_h, key_pg, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
                    FOLD_PREC, INTERP, FMODE, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE)
     elif ROUTE != 0 or (HEADS == 1 and not DYN):
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                    s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
-                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, qt, P, HEADS, HSTAGES,
+                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, cks_ptr, s_cks_pg, s_cks_h, key_pg, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
                    FOLD_PREC, INTERP, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN, EARLY,
                    TMA_STORE)
@@ -331,14 +338,14 @@ def _tma_body(
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                    s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
-                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, qt, P, HEADS, HSTAGES,
+                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, cks_ptr, s_cks_pg, s_cks_h, key_pg, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
                    FOLD_PREC, INTERP, 1, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE)
     else:
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                    s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
-                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, qt, P, HEADS, HSTAGES,
+                   is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, cks_ptr, s_cks_pg, s_cks_h, key_pg, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
                    FOLD_PREC, INTERP, 0, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE)
 
@@ -439,7 +446,7 @@ def _tma_program(
                       DYN, EARLY, -1, TILE_IN, TMA_STORE)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["layer"])  # layer 1 must stay a runtime int (the SR hash casts it)
 def verify_tma_kernel(
     rows,
     ck_desc, ck_ptr, cks_ptr, seed_ptr, layer, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr,
