@@ -211,3 +211,14 @@ def test_8bit_launches_come_from_the_table():
                     and not (e["shape"].startswith("split") and rows > 1024))
         assert choose(rows, state_size=1).shape == want, rows
         assert choose(rows, state_size=1, G=32).shape != "pipelined"  # 4 heads per group
+
+
+def test_8bit_entries_fields_apply_under_an_override(monkeypatch):
+    """A ``quant_shapes`` entry's ``fields`` replace its shape's (an 8-bit launch only); an override's win."""
+    t = dict(config.table(), quant_shapes=[{"max_programs_per_sm": None, "shape": "one_head",
+                                            "fields": {"maxnreg": 128}, "why": "a test entry"}])
+    monkeypatch.setattr(config, "table", lambda: t)
+    assert choose(64, state_size=1).maxnreg == 128
+    assert choose(64).maxnreg == 96  # fp32: the shape's own
+    with ot.override(device=H200, maxnreg=0):
+        assert ot.choose_launch(64, 128, 64, 128, 20, 4, CUDA, 8, state_size=1).maxnreg == 0

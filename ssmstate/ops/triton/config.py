@@ -185,7 +185,7 @@ def heuristic_shape(rows: int, H: int, P: int, N: int, R: int, T: int, dev: Devi
     programs = rows * H * (P // block_tma)
     sms = dev.sms
     if state_size == 1 and not long_ring:
-        return quant_shape(rows, programs, sms, tma_heads(H, G))
+        return quant_entry(rows, programs, sms, tma_heads(H, G))["shape"]
     pipelined = (tma_heads(H, G) == _limit("pipelined_heads")
                  and block_tma * N * state_size == _limit("pipelined_tile_bytes"))
     long_grid = programs // _limit("pipelined_heads") >= _limit("pipelined_group_programs_per_sm") * sms
@@ -200,11 +200,11 @@ def heuristic_shape(rows: int, H: int, P: int, N: int, R: int, T: int, dev: Devi
     return "one_head_long_ring" if long_ring else "one_head"
 
 
-def quant_shape(rows: int, programs: int, sms: int, heads: int) -> str:
-    """The launch shape of an 8-bit checkpoint (a quarter of fp32's bytes per tile): the first of the table's
+def quant_entry(rows: int, programs: int, sms: int, heads: int) -> dict[str, Any]:
+    """The launch of an 8-bit checkpoint (a quarter of fp32's bytes per tile): the first of the table's
     ``quant_shapes`` whose ``max_programs_per_sm`` (one program per head and P tile; null: no bound) the grid is
     within and that this geometry can take (a pipelined launch needs 16 heads per group, a split one at most
-    ``split_max_rows`` rows)."""
+    ``split_max_rows`` rows): its ``shape`` and the ``fields`` that replace the shape's own."""
     for entry in table()["quant_shapes"]:
         bound = entry["max_programs_per_sm"]
         if bound is not None and programs > bound * sms:
@@ -213,8 +213,8 @@ def quant_shape(rows: int, programs: int, sms: int, heads: int) -> str:
         if (name == "pipelined" and heads != _limit("pipelined_heads")) or (
                 name.startswith("split") and rows > _limit("split_max_rows")):
             continue
-        return name
-    return "one_head"
+        return entry
+    return {"shape": "one_head"}
 
 
 def choose_launch(rows: int, H: int, P: int, N: int, R: int, T: int, device: torch.device, G: int = 1,
@@ -224,7 +224,14 @@ def choose_launch(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     dev = device_class(device)
     ov = _OVERRIDE.get()
     fields = dict(ov.launch) if ov is not None else {}
-    shape = fields.pop("shape", None) or heuristic_shape(rows, H, P, N, R, T, dev, G, state_size, tma_ok)
+    shape = fields.pop("shape", None)
+    if shape is None:
+        shape = heuristic_shape(rows, H, P, N, R, T, dev, G, state_size, tma_ok)
+        block = tma_block_p(P, N, dev)
+        if state_size == 1 and dev.compiled and block and table()["shapes"][shape]["kernel"] == "tma" \
+                and pow2(R) <= _limit("tma_max_seq_rows"):  # an 8-bit launch's own fields, under the override's
+            fields = {**quant_entry(rows, rows * H * (P // block), dev.sms, tma_heads(H, G)).get("fields", {}),
+                      **fields}
     kernel = table()["shapes"][shape]["kernel"]
     foreign = sorted(set(fields) & (LDG_ONLY_KEYS if kernel == "tma" else TMA_ONLY_KEYS))
     if foreign:
