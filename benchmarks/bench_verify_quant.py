@@ -212,7 +212,8 @@ def warm(name: str) -> None:
 
 
 def print_table(res: dict) -> None:
-    bv.log(f"\nnon-flush verify, us per call (T=4, W=16, H={bv.H} P={bv.P} N={bv.N} G={bv.G}, bf16 inputs, cold pages):")
+    bv.log(f"\nnon-flush verify, us per call (T=4, W=16, H={bv.H} P={bv.P} N={bv.N} G={bv.G}, bf16 inputs, "
+           "cold pages):")
     hdr = (f"{'batch':>5} | {'fp32':>7} | {'int8':>7} {'x fp32':>6} {'FI int8':>8} {'x FI':>5} | "
            f"{'fp8':>7} {'x fp32':>6} {'FI fp8':>8} {'x FI':>5}")
     bv.log(hdr)

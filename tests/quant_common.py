@@ -93,7 +93,8 @@ def assert_matches(case: dict, got: tuple, want: tuple, *, exact: bool, out_tol:
     assert float((st_g["dt_ring"] - st_w["dt_ring"]).abs().max()) <= 1e-5
     keep = [p for p in range(st_g["checkpoint"].shape[0]) if p not in case["flushed"]]
     ck0 = case["state"]["checkpoint"]
-    assert torch.equal(st_g["checkpoint"][keep].view(torch.uint8), ck0[keep].view(torch.uint8)), "unflushed page written"
+    assert torch.equal(st_g["checkpoint"][keep].view(torch.uint8), ck0[keep].view(torch.uint8)), \
+        "an unflushed page was written"
     if sc_g is not None:
         assert torch.equal(sc_g[keep], case["scale"][keep]), "unflushed page's scales written"
     fl = case["flushed"]

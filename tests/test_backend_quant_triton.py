@@ -1,9 +1,9 @@
 """The "triton" backend on 8-bit and stochastically rounded checkpoints under the manager, on CPU under the Triton
 interpreter: a triton and a reference manager run one schedule in lockstep (write_state, verify steps with flush
 and non-flush rows, commits, a rollback, materialize, preempt and resume, read_state) and must agree: outputs to
-fp32 rounding, cursors and seeds exactly, rings and conv windows to fp32 rounding, checkpoint bytes to one code step (the kernels' fp32 fold
-differs from the reference's in its last bits; tests/test_ops_quant_triton.py has the exact cases) and scales to
-1e-6.
+fp32 rounding, cursors and seeds exactly, rings and conv windows to fp32 rounding, checkpoint bytes to one code
+step (the kernels' fp32 fold differs from the reference's in its last bits; tests/test_ops_quant_triton.py has
+the exact cases) and scales to 1e-6.
 """
 
 from __future__ import annotations

@@ -152,9 +152,9 @@ def verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring:
         raise ConfigError(f"the TMA verify kernel needs a contiguous checkpoint, P divisible by BLOCK_P="
                           f"{launch.block_p} and N a power of two in [16, 256]; got {tuple(checkpoint.shape)}")
     check_launch(launch, H=H, G=G, N=N, R=R, rows=rows, dev=dev)
-    step = _Step(checkpoint, checkpoint_scale, sr_seed, int(layer), x_ring, B_ring, dt_ring, ring_start, num_committed, x, dt, A, B, C,
-                 D, dt_bias, z, out, page_ids, cu_seqlens, window, row_cursors, T, bool(dt_softplus),
-                 pdl and dev.compiled)
+    step = _Step(checkpoint, checkpoint_scale, sr_seed, int(layer), x_ring, B_ring, dt_ring, ring_start,
+                 num_committed, x, dt, A, B, C, D, dt_bias, z, out, page_ids, cu_seqlens, window, row_cursors, T,
+                 bool(dt_softplus), pdl and dev.compiled)
     if launch.kernel == "tma":
         return _tma_launches(step, launch, dev)
     return [_ldg_launch(step, launch, dev)]
@@ -230,8 +230,9 @@ def _tma_launches(s: _Step, launch: Launch, dev: DeviceClass) -> list[KernelLaun
     desc = TensorDescriptor.from_tensor(s.checkpoint.view(pages * H * P, N), [launch.block_p, N])
     rc_strides = s.row_cursors.stride() if s.row_cursors is not None else (0, 0)
     args = (rows, desc, s.checkpoint, s.checkpoint_scale, s.sr_seed, s.layer, s.x_ring, s.B_ring, s.dt_ring,
-            s.ring_start, s.num_committed, s.row_cursors, s.x, s.dt, s.A, s.B, s.C, s.D, s.dt_bias, s.z, s.out, s.page_ids, s.cu_seqlens, s.window, R, H, N,
-            *s.strides()[:2], *scale_strides(s.checkpoint_scale), *s.strides()[2:], *rc_strides)
+            s.ring_start, s.num_committed, s.row_cursors, s.x, s.dt, s.A, s.B, s.C, s.D, s.dt_bias, s.z, s.out,
+            s.page_ids, s.cu_seqlens, s.window, R, H, N, *s.strides()[:2], *scale_strides(s.checkpoint_scale),
+            *s.strides()[2:], *rc_strides)
     const = dict(P=P, HPG=H // G, BLOCK_P=launch.block_p, BLOCK_N=N, BLOCK_K=pow2(R),
                  BLOCK_KN=pow2(min(s.window, R)) if launch.ksplit else pow2(R), BLOCK_S=pow2(s.T),
                  DT_SOFTPLUS=s.dt_softplus, INTERP=INTERPRETED, num_warps=4, num_stages=1)
@@ -268,9 +269,9 @@ def _ldg_launch(s: _Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:
     dummy = s.dt_ring  # a placeholder for absent optional inputs
     dot_prec, fold_prec = dot_precisions(dev.compiled)
     npt = -(-P // launch.block_p)
-    args = (s.checkpoint, s.checkpoint_scale, s.sr_seed, s.layer, s.x_ring, s.B_ring, s.dt_ring, s.ring_start, s.num_committed, s.x, s.dt,
-            s.A, s.B, s.C, s.D if s.D is not None else dummy, s.dt_bias if s.dt_bias is not None else dummy,
-            s.z if s.z is not None else s.x, s.out, s.page_ids, s.cu_seqlens, s.window, R, P, N,
+    args = (s.checkpoint, s.checkpoint_scale, s.sr_seed, s.layer, s.x_ring, s.B_ring, s.dt_ring, s.ring_start,
+            s.num_committed, s.x, s.dt, s.A, s.B, s.C, s.D if s.D is not None else dummy,
+            s.dt_bias if s.dt_bias is not None else dummy, s.z if s.z is not None else s.x, s.out, s.page_ids, s.cu_seqlens, s.window, R, P, N,
             *s.strides()[:2], *scale_strides(s.checkpoint_scale), *s.strides()[2:])
     kwargs = dict(S_CK_P=s.checkpoint.stride(2), NPT=npt, HPG=hpg, HPP=launch.hpp, BLOCK_P=launch.block_p,
                   BLOCK_N=block_n, BLOCK_K=pow2(R), BLOCK_S=pow2(s.T), FOLD_N=min(block_n, launch.fold_n),

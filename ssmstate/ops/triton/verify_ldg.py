@@ -134,7 +134,8 @@ def _verify_head(
         if NC > 0:
             Y += S * (sc[:, None] * decay(A, lam_w)[None, :])
         else:
-            Y += tl.dot(codes(S, QMODE, INTERP), Cd, input_precision=DOT_PREC) * (sc[:, None] * decay(A, lam_w)[None, :])
+            Y += tl.dot(codes(S, QMODE, INTERP), Cd, input_precision=DOT_PREC) * (
+                sc[:, None] * decay(A, lam_w)[None, :])
     elif NC > 0:  # S is S0 Cᵀ (streamed readout)
         Y += S * decay(A, lam_w)[None, :]
     else:
