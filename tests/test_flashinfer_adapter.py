@@ -193,7 +193,7 @@ class FakeMamba(types.ModuleType):
                   pnat=prev_num_accepted_tokens, x=x, dt=dt, A=A, B=B, C=C, out=out, D=D, z=z, dt_bias=dt_bias,
                   dt_softplus=dt_softplus, sbi=state_batch_indices, pad_slot_id=pad_slot_id, cu=cu_seqlens,
                   max_seqlen=max_seqlen, cb_scaled=cb_scaled, cumAdt_vec=cumAdt_vec, cb_old=cb_old,
-                  algorithm=algorithm)
+                  algorithm=algorithm, state_scale=state_scale, rand_seed=rand_seed)
         self.calls.append(("ckpt", (), kw))
         npred = max_seqlen if cu_seqlens is not None else x.shape[1]
         window = x_cache.shape[2] - npred
@@ -204,7 +204,8 @@ class FakeMamba(types.ModuleType):
         ref.replay_verify(state, x_cache, B_cache, dt_cache, ring_start, prev_num_accepted_tokens,
                           flat(x), flat(dt)[..., 0], A[:, 0, 0], flat(B), flat(C), state_batch_indices, cu, window,
                           out.view(-1, H, P), D=None if D is None else D[:, 0], z=None if z is None else flat(z),
-                          dt_bias=None if dt_bias is None else dt_bias[:, 0], dt_softplus=dt_softplus)
+                          dt_bias=None if dt_bias is None else dt_bias[:, 0], dt_softplus=dt_softplus,
+                          checkpoint_scale=state_scale)  # (its rand_seed draws Philox bits: rounded to nearest here)
         return out
 
     def selective_state_update(self, state, x, dt, A, B, C, D, z=None, dt_bias=None, dt_softplus=False,
@@ -220,13 +221,13 @@ class FakeMamba(types.ModuleType):
         return out
 
 
-def make_manager(monkeypatch, scheme="replay", max_batch=6, **gkw):
+def make_manager(monkeypatch, scheme="replay", max_batch=6, sr=False, **gkw):
     fake = FakeMamba()
     _fake_flashinfer(monkeypatch, fake)
     g = geom(layers=2, **gkw)
     spec = SpecConfig(3, window=6)
     layout = PageLayout.replay(g, spec) if scheme == "replay" else PageLayout.native(g, spec)
-    m = StateManager(layout, 12, device="cpu", backend="reference", max_batch=max_batch)
+    m = StateManager(layout, 12, device="cpu", backend="reference", max_batch=max_batch, stochastic_rounding=sr)
     m.backend = fb.FlashInferBackend()
     return m, fake
 
@@ -404,3 +405,42 @@ def test_plan_without_host_lengths_goes_dense_only_when_every_row_is_full(monkey
             assert kw["cu"] is None and kw["x"].shape[:2] == (3, 4)
         else:
             assert kw["cu"] is cu and kw["max_seqlen"] == 4 and kw["x"].shape[:2] == (1, 6)
+
+
+@pytest.mark.parametrize("state,sr", [("int8", False), ("fp8", True), ("fp16", True)])
+def test_replay_8bit_and_stochastic_rounding_arguments(monkeypatch, state, sr):
+    """An 8-bit checkpoint goes in with its decode scales (the cache's own tensor) on the monolithic kernel; a
+    stochastically rounding cache passes its device seed as ``rand_seed``."""
+    m, fake = make_manager(monkeypatch, state=state, sr=sr)
+    gen = torch.Generator().manual_seed(2)
+    for r in ("a", "b"):
+        m.admit(r)
+    plan = m.begin_step(["a", "b"], 4)
+    m.verify(0, plan, **inputs(m, plan.total_tokens, gen))
+    kw = fake.calls[-1][2]
+    t = m.cache.layers[0]
+    if state in ("int8", "fp8"):
+        assert kw["state_scale"] is t["checkpoint_scale"] and kw["algorithm"] == "monolith"
+    else:
+        assert kw["state_scale"] is None and kw["algorithm"] == "auto"
+    assert kw["rand_seed"] is m.cache.checkpoint_seed if sr else kw["rand_seed"] is None
+
+
+def test_replay_8bit_refusals_change_nothing(monkeypatch):
+    """checkpointing_ssu has no two-kernel 8-bit path and rounds bf16 to nearest only: both refused, typed, before
+    any call."""
+    m, fake = make_manager(monkeypatch, state="int8")
+    m.backend.algorithm = "two-kernel"
+    gen = torch.Generator().manual_seed(3)
+    m.admit("a")
+    plan = m.begin_step(["a"], 4)
+    before = {k: v.clone() for k, v in m.cache.layers[0].items()}
+    with pytest.raises(BackendUnavailableError, match="two-kernel"):
+        m.verify(0, plan, **inputs(m, plan.total_tokens, gen))
+    assert not fake.calls and all(torch.equal(before[k], v) for k, v in m.cache.layers[0].items())
+    m2, fake2 = make_manager(monkeypatch, state="bf16", sr=True)
+    m2.admit("a")
+    plan2 = m2.begin_step(["a"], 4)
+    with pytest.raises(BackendUnavailableError, match="rounds a torch.bfloat16 checkpoint to nearest"):
+        m2.verify(0, plan2, **inputs(m2, plan2.total_tokens, gen))
+    assert not fake2.calls

@@ -393,11 +393,11 @@ class FlashInferBackend(ReferenceBackend):
         self._check_inputs(x, dt, B, C, z, out)
         if cache.layout.scheme == "native":
             return self._native_verify(cache, layer, plan, x, dt, A, B, C, D, dt_bias, z, out)
+        algorithm, scale, seed = self._quant_args(cache, layer)
         fim = self._mamba()
         t = cache.layers[layer]
         g, s = cache.layout.geometry, cache.layout.spec
         H, P, N = g.heads_per_rank, g.head_dim, g.state_size
-        algorithm, scale, seed = self._quant_args(cache, layer)
         T, rows, L = s.num_tokens, plan.num_rows, plan.total_tokens
         buf = self._buffers_for(cache, plan)
         cb_scaled, cumAdt_vec, cb_old = buf.scratch  # type: ignore[misc]
