@@ -82,11 +82,36 @@ def code_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (ordered(a) - ordered(b)).abs()
 
 
+def grid_step(stored: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """fp64, elementwise: the spacing of the stored grid at each value of a stored checkpoint (int8: the row's
+    scale; e4m3: its 3-bit mantissa step, 2^-9 below 2^-6, times the scale; bf16 / fp16: one ulp)."""
+    dt = stored.dtype
+    if dt == torch.int8:
+        return scale.double().unsqueeze(-1).expand(stored.shape)
+    code = stored.double()
+    _, e = torch.frexp(code)
+    if dt == torch.float8_e4m3fn:
+        return torch.pow(2.0, torch.clamp(e - 1, min=-6) - 3) * scale.double().unsqueeze(-1)
+    mbits, emin = (7, -126) if dt == torch.bfloat16 else (10, -14)
+    return torch.pow(2.0, torch.clamp(e - 1, min=emin) - mbits)
+
+
+def value_excess(got: torch.Tensor, got_scale, want: torch.Tensor, want_scale) -> float:
+    """How far two stored checkpoints' values are apart beyond one grid step of ``want``, relative to the row's
+    largest value: 0 when every value is within a step. A fold computed in another order (or precision) moves a
+    value by a small fraction of its row's magnitude, which near zero can be many fine steps (fp8 and 16-bit grids
+    are finer there), so differences are measured in value, not in codes."""
+    a, b = (quant.dequantize(t, s).double() for t, s in ((got, got_scale), (want, want_scale)))
+    excess = ((a - b).abs() - grid_step(want, want_scale)).clamp(min=0)
+    return float((excess / (b.abs().amax(-1, keepdim=True) + 1e-30)).max())
+
+
 def assert_matches(case: dict, got: tuple, want: tuple, *, exact: bool, out_tol: float = 1e-5,
-                   moved: float = 0.02) -> None:
+                   moved: float = 0.02, fold_tol: float = 1e-5) -> None:
     """The kernel's result ``got`` against the reference's ``want``: outputs within ``out_tol``, rings equal,
     unflushed pages' bytes and scales untouched, flushed pages' bytes and scales identical (``exact``) or every
-    value at most one representable step away, at most a fraction ``moved`` of them, scales within 1e-6."""
+    value within one grid step plus ``fold_tol`` of its row's magnitude (the fold's own rounding), at most a
+    fraction ``moved`` of them stored differently, scales within 1e-6."""
     (st_g, sc_g, out_g), (st_w, sc_w, out_w) = got, want
     assert rel(out_g, out_w) <= out_tol, f"output rel err {rel(out_g, out_w):.3g}"
     assert torch.equal(st_g["x_ring"], st_w["x_ring"]) and torch.equal(st_g["B_ring"], st_w["B_ring"])
@@ -103,9 +128,12 @@ def assert_matches(case: dict, got: tuple, want: tuple, *, exact: bool, out_tol:
         if sc_g is not None:
             assert torch.equal(sc_g[fl].view(torch.int32), sc_w[fl].view(torch.int32))
         return
+    sg = None if sc_g is None else sc_g[fl]
+    sw = None if sc_w is None else sc_w[fl]
+    excess = value_excess(st_g["checkpoint"][fl], sg, st_w["checkpoint"][fl], sw)
+    assert excess <= fold_tol, f"a stored value beyond a grid step + {excess:.3g} of its row from the reference's"
     steps = code_steps(st_g["checkpoint"][fl], st_w["checkpoint"][fl])
-    assert int(steps.max()) <= 1, f"a stored value {int(steps.max())} steps from the reference's"
-    assert float((steps != 0).float().mean()) <= moved, f"more than {moved:.0%} of the flushed values moved a step"
+    assert float((steps != 0).float().mean()) <= moved, f"more than {moved:.0%} of the flushed values differ"
     if sc_g is not None:
         assert float(((sc_g[fl] - sc_w[fl]).abs() / sc_w[fl].abs()).max()) <= 1e-6
 

@@ -3,8 +3,9 @@ the reference at Nemotron-H geometry (H=128, P=64, N=128, G=8, bf16 inputs), eve
 FlashInfer is installed) FlashInfer's int8/fp8 ``checkpointing_ssu`` on the same bytes. Skipped without CUDA.
 
 Tolerances (tests/quant_common.py says why bytes may move): the kernels' fold runs in tf32 pieces (3xTF32 or a
-split x side), so a flushed code may sit one step from the reference's in a small fraction of places; where the
-fold is exact (a history of dt = 0) the bytes and scales are the reference's bit for bit.
+split x side), so a flushed value may sit one grid step plus FOLD_TOL of its row's magnitude from the reference's
+(near zero the fp8 and 16-bit grids are fine, so that can be many codes); where the fold is exact (a history of
+dt = 0) the bytes and scales are the reference's bit for bit. FlashInfer folds with bf16 operands: 2e-2.
 """
 
 from __future__ import annotations
@@ -19,17 +20,20 @@ if torch.cuda.is_available():
 
 from tests.quant_common import (
     LAYER, VARIANTS, assert_matches, code_steps, quant_case, reference_materialize, reference_verify, run,
+    value_excess,
 )
 from tests.test_triton_common import rel
 
 DEV = "cuda"
+#: the compiled fold's rounding, relative to a row's largest value (tf32 pieces; a cancelling fold loses more)
+FOLD_TOL = 1e-4
 NEMO = dict(H=128, G=8, P=64, N=128, act_dtype=torch.bfloat16)
 #: every named launch shape besides the heuristic's, whole-tile and chunked folds, TMA stores (int8 and fp8)
-SHAPES = [dict(shape="base"), dict(shape="latency"), dict(shape="latency", FOLD_N=128, TMA_STORE=1),
-          dict(shape="one_head"), dict(shape="pipelined", TMA_STORE=1), dict(shape="split", TMA_STORE=1),
-          dict(shape="split_lean"), dict(shape="ldg_stream"), dict(shape="ldg", FOLD_N=128, maxnreg=0)]
-#: each rounding variant: the heuristic's launch and one of each family
-FAMILIES = [None, dict(shape="pipelined"), dict(shape="split"), dict(shape="ldg")]
+SHAPES = [dict(shape="latency", FOLD_N=128, TMA_STORE=1), dict(shape="one_head"),
+          dict(shape="pipelined", TMA_STORE=1), dict(shape="split_lean"), dict(shape="ldg_stream"),
+          dict(shape="ldg", FOLD_N=128, maxnreg=0)]
+#: each rounding variant: the heuristic's launch (one head per program at this batch), the split launches, LDG
+FAMILIES = [None, dict(shape="split"), dict(shape="ldg")]
 
 
 def launch_id(c) -> str:
@@ -57,7 +61,7 @@ def check_verify(variant, cfg) -> None:
     case = quant_case(5, dtype, sr, device=DEV, qs=(4, 3, 4, 1, 2, 4, 4, 3, 2), **NEMO)
     with trk.override(**(cfg or {})):
         got = run(trk.replay_verify, case)
-    assert_matches(case, got, run(reference_verify, case), exact=False, out_tol=1e-2)
+    assert_matches(case, got, run(reference_verify, case), exact=False, out_tol=1e-2, fold_tol=FOLD_TOL)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=vid)
@@ -70,14 +74,13 @@ def test_verify_flush_bytes_exact_gpu(variant, cfg):
     assert_matches(case, got, run(reference_verify, case), exact=True, out_tol=1e-2)
 
 
-@pytest.mark.parametrize("rows", [64, 256])
-@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
+@pytest.mark.parametrize("rows,dtype", [(64, torch.int8), (256, torch.float8_e4m3fn)])
 def test_verify_quantized_large_batch_gpu(rows, dtype):
-    """The heuristic's launches at the benchmark's batches (split / pipelined), mixed routes."""
+    """The heuristic's split launches at the benchmark's batches, mixed routes."""
     qs = tuple(4 - (r % 3) for r in range(rows))
     case = quant_case(7, dtype, False, device=DEV, qs=qs, **NEMO)
     got = run(trk.replay_verify, case)
-    assert_matches(case, got, run(reference_verify, case), exact=False, out_tol=1e-2)
+    assert_matches(case, got, run(reference_verify, case), exact=False, out_tol=1e-2, fold_tol=FOLD_TOL)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=vid)
@@ -99,8 +102,8 @@ def test_materialize_quantized_gpu(variant, exact):
         if sc_g is not None:
             assert torch.equal(sc_g.view(torch.int32), sc_w.view(torch.int32))
     else:
-        steps = code_steps(st_g["checkpoint"], st_w["checkpoint"])
-        assert int(steps.max()) <= 1 and float((steps != 0).float().mean()) <= 0.02
+        assert value_excess(st_g["checkpoint"], sc_g, st_w["checkpoint"], sc_w) <= FOLD_TOL
+        assert float((code_steps(st_g["checkpoint"], st_w["checkpoint"]) != 0).float().mean()) <= 0.02
         if sc_g is not None:
             assert float(((sc_g - sc_w).abs() / sc_w.abs()).max()) <= 1e-6
 
@@ -129,7 +132,7 @@ def test_quantized_verify_in_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         want = run(reference_verify, dict(case, sr_seed=seed.clone()))
-        assert_matches(case, (st, scale, out), want, exact=False, out_tol=1e-2)
+        assert_matches(case, (st, scale, out), want, exact=False, out_tol=1e-2, fold_tol=FOLD_TOL)
 
 
 # -- FlashInfer's 8-bit checkpointing_ssu on the same bytes -------------------------------------------------------
@@ -146,7 +149,8 @@ def _flashinfer():
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
 def test_flashinfer_8bit_matches_triton(dtype):
     """FlashInfer's int8/fp8 checkpointing_ssu and ours on the same codes and scales: the same outputs (bf16
-    rounding) and the same written checkpoint and scales up to one code step (FlashInfer folds with bf16 operands)."""
+    rounding) and the same written checkpoint and scales, each value within a grid step plus 2e-2 of its row
+    (FlashInfer folds with bf16 operands)."""
     fim = _flashinfer()
     qs = (4, 4, 4, 4, 4, 4, 4, 4)  # dense: every row has T tokens
     case = quant_case(10, dtype, False, device=DEV, qs=qs, W=16, **NEMO)
@@ -171,8 +175,8 @@ def test_flashinfer_8bit_matches_triton(dtype):
     tok = torch.cat([torch.arange(r * T, (r + 1) * T) for r in real])
     assert rel(out[tok], out_g[tok]) <= 2e-2
     fl = case["flushed"]
-    steps = code_steps(st["checkpoint"][fl], st_g["checkpoint"][fl])
-    assert int(steps.max()) <= 1 and float((steps != 0).float().mean()) <= 0.2
+    excess = value_excess(st["checkpoint"][fl], scale[fl], st_g["checkpoint"][fl], sc_g[fl])
+    assert excess <= 2e-2, f"FlashInfer's value beyond a grid step + {excess:.3g} of its row from ours"
     assert float(((scale[fl] - sc_g[fl]).abs() / sc_g[fl].abs()).max()) <= 1e-2
 
 
@@ -180,8 +184,9 @@ def test_flashinfer_8bit_matches_triton(dtype):
 @pytest.mark.parametrize("backend", ["triton", "flashinfer"])
 def test_manager_8bit_schedule_gpu(backend, dtype):
     """A backend's manager against the reference's on an 8-bit pool at Nemotron-H geometry: ragged and dense steps,
-    commits, a rollback, materialize, preempt and resume; outputs to bf16 rounding, checkpoint codes one step apart
-    in a small fraction of places (FlashInfer: a larger one, its fold runs with bf16 operands), read states close."""
+    commits, a rollback, materialize, preempt and resume; outputs to bf16 rounding, checkpoint values within two
+    grid steps of the reference's (one step carried from an earlier write; FlashInfer: plus its bf16-operand fold),
+    read states close."""
     if backend == "flashinfer":
         _flashinfer()
     from ssmstate import Mamba2Geometry, PageLayout, SpecConfig, StateManager
@@ -206,9 +211,9 @@ def test_manager_8bit_schedule_gpu(backend, dtype):
             m.admit(rid)
             m.write_state(rid, 0, S)
             m.bind_layer(0, A)
-    # codes one step apart seed later differences: a step's worth of state carried into the next fold can move a
-    # code by two; FlashInfer's bf16-operand fold moves more of them
-    moved = 0.2 if backend == "flashinfer" else 0.02
+    # a value a grid step apart seeds later differences (a step's worth of state carried into the next fold): one
+    # more step of the row's grid (int8: 1/127 of the row; e4m3: up to 32/448), plus FlashInfer's bf16-operand fold
+    drift = (1.0 / 127 if dtype == "int8" else 32.0 / 448) + (2e-2 if backend == "flashinfer" else FOLD_TOL)
     for step, (qs, acc) in enumerate([([4] * 5, [4, 1, 2, 4, 3]), ([4, 2, 4, 1, 3], [2, 2, 0, 1, 3]),
                                       ([4] * 5, None), ([4] * 5, [4, 4, 4, 4, 4]), ([4] * 5, [1, 2, 3, 4, 0]),
                                       ([3, 4, 4, 4, 2], [3, 4, 1, 2, 2])]):
@@ -233,8 +238,8 @@ def test_manager_8bit_schedule_gpu(backend, dtype):
                 m.resume("r2", m.preempt("r2"))
         assert torch.equal(mb.cache.cursors, mr.cache.cursors)
         a, b = mb.cache.layers[0], mr.cache.layers[0]
-        steps = code_steps(a["checkpoint"], b["checkpoint"])
-        assert int(steps.max()) <= 2 and float((steps != 0).float().mean()) <= moved, f"step {step} checkpoint"
+        excess = value_excess(a["checkpoint"], a[SCALE_NAME], b["checkpoint"], b[SCALE_NAME])
+        assert excess <= drift, f"step {step} checkpoint: {excess:.3g} of a row beyond a grid step"
         assert float(((a[SCALE_NAME] - b[SCALE_NAME]).abs() / b[SCALE_NAME].abs()).max()) <= 1e-2
         for rid in ids:
             assert rel(mb.read_state(rid, 0), mr.read_state(rid, 0)) < 2e-2
