@@ -72,6 +72,7 @@ from ssmstate.integrations.vllm_config import (  # the configuration side; its n
     SUPPORTED_ARCHITECTURES,
     VllmSettings,  # noqa: F401
     check_config,  # noqa: F401
+    checkpoint_dtype,
     is_enabled,
     layout_for,
     layout_from_vllm_config,
@@ -198,12 +199,13 @@ class SSMStateMambaMixer2(MambaMixer2):
         self.ssmstate_slot: tuple[_GroupState, int] | None = None
         self.ssmstate_views: dict[str, torch.Tensor] = {}
         if self.ssmstate_enabled:
-            conv, ssm, act = mamba2_dtypes(cfg)
+            conv, _, act = mamba2_dtypes(cfg)
+            settings = settings_from_vllm_config(cfg)
             self.ssmstate_layout = layout_for(
                 num_heads=self.num_heads, head_dim=self.head_dim, state_size=self.ssm_state_size,
                 n_groups=self.n_groups, conv_kernel=self.conv_kernel_size, tp_size=self.tp_size,
-                ssm_dtype=ssm, act_dtype=act, conv_dtype=conv, num_speculative_tokens=self.num_spec,
-                window=settings_from_vllm_config(cfg).window,
+                ssm_dtype=checkpoint_dtype(cfg, settings), act_dtype=act, conv_dtype=conv,
+                num_speculative_tokens=self.num_spec, window=settings.window,
             )
             config_layout = layout_from_vllm_config(cfg)
             if config_layout.layer_page_bytes != self.ssmstate_layout.layer_page_bytes:
