@@ -40,7 +40,8 @@ class Mamba2Geometry:
         n_groups: G; B and C are shared by H/G heads.
         conv_kernel: width of the causal depthwise conv1d (4 for every Nemotron).
         num_layers: number of Mamba2 layers.
-        state_dtype: dtype of the SSM checkpoint (fp32 default).
+        state_dtype: dtype of the SSM checkpoint (fp32 default; bf16, fp16, or the 8-bit int8 and
+            float8_e4m3fn, which a page stores with an fp32 decode scale per head-dim row).
         act_dtype: dtype of x, B, C and of the x/B rings.
         conv_dtype: dtype of the conv window; defaults to ``act_dtype``.
         tp_size: tensor-parallel size; must divide heads and groups.
@@ -70,7 +71,9 @@ class Mamba2Geometry:
         if self.conv_kernel < 2:
             raise ConfigError(f"conv_kernel must be at least 2, got {self.conv_kernel}")
         if self.state_dtype not in STATE_DTYPES:
-            raise ConfigError(f"state_dtype {self.state_dtype} not supported; use fp32, bf16 or fp16")
+            raise ConfigError(
+                f"state_dtype {self.state_dtype} not supported; use fp32, bf16, fp16, int8 or float8_e4m3fn"
+            )
         if self.act_dtype not in ACT_DTYPES:
             raise ConfigError(f"act_dtype {self.act_dtype} not supported; use bf16, fp16 or fp32")
 

@@ -13,7 +13,7 @@ from typing import Literal
 import attrs
 import torch
 
-from ssmstate.dtypes import dtype_name, dtype_size
+from ssmstate.dtypes import dtype_name, dtype_size, is_quantized
 from ssmstate.errors import ConfigError
 from ssmstate.geometry import Mamba2Geometry
 
@@ -23,6 +23,8 @@ Scheme = Literal["replay", "native"]
 #: state_slot, pending, conv_shift and one spare int for alignment (native).
 CURSORS_PER_PAGE = 4
 CURSOR_BYTES_PER_PAGE = CURSORS_PER_PAGE * 4
+#: Per-layer tensor of an 8-bit checkpoint's fp32 decode scales, (H, P) per page (FlashInfer's state_scale).
+SCALE_NAME = "checkpoint_scale"
 
 
 def _check_k(instance: object, attribute: attrs.Attribute, value: int) -> None:
@@ -112,6 +114,13 @@ class PageLayout:
             raise ConfigError(f"geometry must be a Mamba2Geometry, got {self.geometry!r:.80}")
         if not isinstance(self.spec, SpecConfig):
             raise ConfigError(f"spec must be a SpecConfig, got {self.spec!r:.80}")
+        if self.scheme == "native" and is_quantized(self.geometry.state_dtype):
+            # The native scheme writes a full state for every verified token, so an 8-bit state would take a
+            # quantization step per token instead of once per flush, and vLLM's native kernels read no scales.
+            raise ConfigError(
+                f"the native scheme keeps {dtype_name(self.geometry.state_dtype)} states unsupported; 8-bit "
+                f"checkpoints need the replay scheme (quantized once per flush)"
+            )
 
     # -- shapes ---------------------------------------------------------------
     @property
@@ -122,7 +131,10 @@ class PageLayout:
 
     @property
     def tensors(self) -> tuple[TensorSpec, ...]:
-        """Per-layer tensors, per page (the page dimension is left out)."""
+        """Per-layer tensors, per page (the page dimension is left out).
+
+        An 8-bit checkpoint (int8, float8_e4m3fn) adds ``checkpoint_scale`` (H, P) fp32 right after it.
+        """
         g, s = self.geometry, self.spec
         H, P, N, G = g.heads_per_rank, g.head_dim, g.state_size, g.groups_per_rank
         state = TensorSpec("checkpoint" if self.scheme == "replay" else "state", (H, P, N), g.state_dtype)
@@ -130,8 +142,10 @@ class PageLayout:
         if self.scheme == "native":
             return (state, conv)
         R = s.ring_len
+        scale = (TensorSpec(SCALE_NAME, (H, P), torch.float32),) if is_quantized(g.state_dtype) else ()
         return (
             state,
+            *scale,
             TensorSpec("x_ring", (H, R, P), g.act_dtype),
             TensorSpec("B_ring", (G, R, N), g.act_dtype),
             TensorSpec("dt_ring", (H, R), torch.float32),
