@@ -17,7 +17,7 @@ from ssmstate.ops.quant import dequantize, quantize
 
 def manager_sr_seed(manager: StateManager) -> torch.Tensor | None:
     """The manager's device seed when it rounds checkpoints stochastically, else None."""
-    return getattr(manager, "sr_seed", None)
+    return manager.cache.checkpoint_seed
 
 
 def prefill_conv_view(conv: torch.Tensor, conv_kernel: int, dim_first: bool) -> torch.Tensor:

@@ -317,12 +317,13 @@ class _GroupState:
 
 def attach_group(group_id: int, layer_names: list[str], layer_layout: PageLayout,
                  views: Sequence[dict[str, torch.Tensor]], cursors: torch.Tensor, device: torch.device,
-                 backend: str, max_batch: int, backend_options: Mapping[str, Any] | None = None) -> _GroupState:
+                 backend: str, max_batch: int, backend_options: Mapping[str, Any] | None = None,
+                 stochastic_rounding: bool = False, seed: int = 0) -> _GroupState:
     """A :class:`StateManager` over one KV-cache group's page views (vLLM's block ids = pages)."""
     layout = PageLayout.replay(attrs.evolve(layer_layout.geometry, num_layers=len(views)), layer_layout.spec)
     cache = StateCache.from_tensors(layout, list(views), cursors)
     manager = StateManager(layout, cursors.shape[1], device, backend=backend, max_batch=max_batch, cache=cache,
-                           backend_options=backend_options)
+                           backend_options=backend_options, stochastic_rounding=stochastic_rounding, seed=seed)
     return _GroupState(group_id, layer_names, manager)
 
 
@@ -347,7 +348,8 @@ class VllmStateRuntime:
     @classmethod
     def from_kv_cache_config(cls, kv_cache_config: KVCacheConfig, layers: Mapping[str, Any],
                              device: torch.device, backend: str, max_batch: int,
-                             backend_options: Mapping[str, Any] | None = None) -> "VllmStateRuntime":
+                             backend_options: Mapping[str, Any] | None = None,
+                             stochastic_rounding: bool = False, seed: int = 0) -> "VllmStateRuntime":
         """Attach to every :class:`SSMStateMambaSpec` group of a worker whose layers are bound."""
         device = torch.device(device)
         num_blocks = kv_cache_config.num_blocks
@@ -359,7 +361,7 @@ class VllmStateRuntime:
             group_layers = [layers[name] for name in group.layer_names]
             state = attach_group(gid, list(group.layer_names), group_layers[0].ssmstate_layout,
                                  [lyr.ssmstate_views for lyr in group_layers], cursors, device, backend, max_batch,
-                                 backend_options)
+                                 backend_options, stochastic_rounding, seed + gid)
             for i, lyr in enumerate(group_layers):
                 lyr.ssmstate_slot = (state, i)
             groups.append(state)
@@ -409,6 +411,7 @@ class VllmStateRuntime:
         group.manager.materialize_pages(continuing)
         settle_conv_history(group.manager, continuing)
         group.manager.reset_cursors(torch.where(has_state, zero, sid))
+        group.manager.cache.advance_seed()  # staged prefill writes draw fresh bits even in prefill-only steps
 
     @staticmethod
     def _close_unsampled(group: _GroupState) -> None:
@@ -479,9 +482,11 @@ class SSMStateModelState(MambaHybridModelState):
         super().initialize_kv_cache(kv_cache_config, block_tables)
         settings = settings_from_vllm_config(self.vllm_config)
         layers = self.vllm_config.compilation_config.static_forward_context
-        self.ssmstate = VllmStateRuntime.from_kv_cache_config(kv_cache_config, layers, self.device,
-                                                              settings.backend, max_batch=self.max_num_reqs,
-                                                              backend_options=settings.backend_options)
+        seed = self.vllm_config.model_config.seed
+        self.ssmstate = VllmStateRuntime.from_kv_cache_config(
+            kv_cache_config, layers, self.device, settings.backend, max_batch=self.max_num_reqs,
+            backend_options=settings.backend_options, stochastic_rounding=settings.stochastic_rounding,
+            seed=seed if isinstance(seed, int) else 0)
         for block_ids in self._pending_blocks:
             self.ssmstate.reset_blocks(block_ids)
         self._pending_blocks.clear()
