@@ -874,20 +874,28 @@ def test_real_mixer_layers_decode_through_ssmstate(vllm_mod, tmp_path):
 
 # -- vLLM's real prefill kernels and ssmstate on the same pages ----------------------------------------
 
-@pytest.mark.parametrize("backend,layout,K", [("reference", "DS", 3), ("triton", "SD", 0)])
-def test_real_prefill_kernels_hand_over_to_ssmstate(backend, layout, K):
+@pytest.mark.parametrize("backend,layout,K,state", [
+    ("reference", "DS", 3, None), ("triton", "SD", 0, None),
+    ("reference", "DS", 3, "int8"), ("reference", "SD", 3, "fp8+sr")])
+def test_real_prefill_kernels_hand_over_to_ssmstate(backend, layout, K, state):
     """vLLM's ``causal_conv1d_fn`` and chunked scan (interpreted) write prefills into our pages, ssmstate's
     conv + verify continue them, and back: every output row matches the serial oracle, through fresh
     prefills on garbage pages, continuing chunks, one-token decode-row tails, recomputed requests,
     recycled blocks, both conv layouts, K = 0, and dry double forwards on the null block that leave
-    every page and cursor as they were. A fresh process: vLLM decides at import whether Triton is usable."""
+    every page and cursor as they were. An 8-bit state (``state``; W = 4, so verify rows flush often) prefills
+    through fp32 staging copies: outputs still match the oracle exactly, and every stored state is within one
+    rounding step of the oracle's, which then continues from it. A fresh process: vLLM decides at import
+    whether Triton is usable."""
     import subprocess
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SSMSTATE_VLLM")}
+    extra = []
+    if state is not None:
+        extra = ["--state-dtype", state.removesuffix("+sr"), "--window", "4"] + (["--sr"] if "+sr" in state else [])
     proc = subprocess.run([sys.executable, str(root / "tests" / "vllm_engine" / "prefill_handover.py"),
-                           "--backend", backend, "--layout", layout, "--K", str(K)],
+                           "--backend", backend, "--layout", layout, "--K", str(K), *extra],
                           capture_output=True, text=True, env=env, timeout=900)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -899,3 +907,7 @@ def test_real_prefill_kernels_hand_over_to_ssmstate(backend, layout, K):
         assert got[key] > 0, (key, got)
     if K:  # at K = 0 every row is one token and accepted: no verify window, no rejected tail
         assert got["verify_rows"] > 0 and got["prefill_after_rejected_tail"] > 0, got
+    if state is not None:  # quantized writes happened (staged prefills, flushes) and were checked
+        assert got["state_dtype"] == {"int8": "int8", "fp8": "float8_e4m3fn"}[state.removesuffix("+sr")], got
+        assert got["stochastic_rounding"] == ("+sr" in state), got
+        assert got["flush_rows"] > 0 and got["states_synced"] > 0 and got["max_state_rounding"] > 0, got

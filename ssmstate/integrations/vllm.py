@@ -252,19 +252,21 @@ class SSMStateMambaMixer2(MambaMixer2):
 
         vLLM's kernels write a plain cast of the final state into the tensor they get: they cannot
         write 8-bit codes with scales, nor round stochastically. Each prefill row's state is decoded
-        into an ``(n, H, P, N)`` fp32 staging tensor and its conv history copied out; the prefill runs on
-        those (state indices 0..n-1); the result is encoded back (``store_staged``) and the history
-        copied back. All on the device, no host sync; the staging lives for this call only.
+        into an ``(1 + n, H, P, N)`` fp32 staging tensor and its conv history copied out; the prefill runs
+        on those (state indices 1..n: vLLM's kernels skip index 0, its null block); the result is encoded
+        back (``store_staged``, which leaves the null page alone) and the history copied back. All on the device, no host sync; the staging lives for this call only.
         """
         group, index = self.ssmstate_slot  # type: ignore[misc]
         sid = md.state_indices_tensor_p
-        p = sid.long()
+        # staging row 0 stands for vLLM's null block (its kernels skip index 0): the rows go to 1..n
+        p = torch.cat([torch.zeros_like(sid[:1]), sid]).long()
+        has = md.has_initial_states_p
+        has = None if has is None else torch.cat([torch.zeros_like(has[:1]), has])
         conv_view = self.ssmstate_prefill_conv
-        ssm_stage = stage_checkpoints(group.manager, index, sid.to(torch.int32), md.has_initial_states_p)
+        ssm_stage = stage_checkpoints(group.manager, index, p.to(torch.int32), has)
         conv_stage = conv_view[p]
-        md_all[self.prefix] = dataclasses.replace(
-            md_all[self.prefix], state_indices_tensor_p=torch.arange(sid.shape[0], dtype=sid.dtype,
-                                                                     device=sid.device))
+        md_all[self.prefix] = dataclasses.replace(md_all[self.prefix], state_indices_tensor_p=torch.arange(
+            1, sid.shape[0] + 1, dtype=sid.dtype, device=sid.device))
         self.kv_cache = (conv_stage, ssm_stage)
         try:
             super().conv_ssm_forward(projected_states, output)
@@ -272,7 +274,7 @@ class SSMStateMambaMixer2(MambaMixer2):
             self.kv_cache = (conv_view, self.ssmstate_views["checkpoint"])
         live = (p != 0).view(-1, *([1] * (conv_stage.dim() - 1)))
         conv_view[p] = torch.where(live, conv_stage, conv_view[p])
-        store_staged(group.manager, index, sid.to(torch.int32), ssm_stage)
+        store_staged(group.manager, index, p.to(torch.int32), ssm_stage)
 
     def ssmstate_decode(self, projected_states: torch.Tensor, output: torch.Tensor) -> None:
         """Decode/verify rows: conv + SSM through the group's :class:`StateManager` and open plan."""

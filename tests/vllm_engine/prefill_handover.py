@@ -221,6 +221,7 @@ def main() -> int:
                 scale = v[SCALE_NAME][b].double()[..., None] if SCALE_NAME in v else None
                 excess = ((got - oracle.ssm[r][li]).abs() - rounding_bound(oracle.ssm[r][li], got, scale)).max()
                 worst_q = max(worst_q, float(excess))
+                saw["max_state_rounding"] = max(saw["max_state_rounding"], float((got - oracle.ssm[r][li]).abs().max()))
                 oracle.ssm[r][li] = got
         assert worst_q <= 1e-5, f"a stored state is further than one rounding step from the oracle's: {worst_q}"
         return len(rids)
@@ -244,7 +245,7 @@ def main() -> int:
            "prefill_after_verify_rows": 0, "prefill_after_rejected_tail": 0,
            "one_token_decode_rows": 0, "mixed_steps": 0,
            "recycled_blocks": 0, "dry_double_forwards": 0, "verify_rows": 0, "flush_rows": 0,
-           "states_synced": 0}
+           "states_synced": 0, "max_state_rounding": 0.0}
     worst = 0.0
     next_id = 0
     for step in range(args.steps):
