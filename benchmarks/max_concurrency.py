@@ -11,8 +11,10 @@ they differ, if an output is not finite, or if the commit left a wrong cursor.
 
 Examples::
 
-    # CPU, scaled down (2 of the 24 Mamba layers, 256 MiB)
+    # CPU, scaled down (2 of the 24 Mamba layers, 256 MiB); an int8 checkpoint pool (native runs at fp32,
+    # the planner's figure for vLLM's built-in scheme, which holds no 8-bit state)
     python benchmarks/max_concurrency.py --num-layers 2 --budget 256MiB
+    python benchmarks/max_concurrency.py --num-layers 2 --budget 256MiB --state-dtype int8
     # H200
     python benchmarks/max_concurrency.py --device cuda --budget 100GiB --model nemotron-h-8b
 """
@@ -142,6 +144,7 @@ def run_scheme(layout: PageLayout, budget: int, device: torch.device, backend: s
     mgr.raise_device_errors()
     result = {
         "scheme": layout.scheme,
+        "state_dtype": str(g.state_dtype).removeprefix("torch."),
         "num_pages": num_pages,
         "pages_per_request": layout.pages_per_request,
         "allocated_bytes_per_page": layout.allocated_bytes_per_page,
@@ -229,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     measured: dict[str, dict[str, Any]] = {}
     ok = True
     for scheme in [s.strip() for s in args.schemes.split(",") if s.strip()]:
-        layout = PageLayout(scheme, plan.geometry, plan.spec)  # type: ignore[arg-type]
+        geometry = plan.geometry if scheme == "replay" else (plan.builtin_geometry or plan.geometry)
+        layout = PageLayout(scheme, geometry, plan.spec)  # type: ignore[arg-type]
         r = run_scheme(layout, budget, device, args.backend, args.chunk, args.seed)
         r["planned"] = plan.scheme(scheme).max_concurrency
         r["equal"] = r["admitted"] == r["planned"]
@@ -237,10 +241,11 @@ def main(argv: list[str] | None = None) -> int:
                and r["pool_is_maximal"])
         measured[scheme] = r
 
-    rows = [("scheme", "pages/req", "bytes/req", "pool pages", "pool bytes", "planned", "measured", "step s", "ok")]
+    rows = [("scheme", "state", "pages/req", "bytes/req", "pool pages", "pool bytes", "planned", "measured", "step s",
+             "ok")]
     for s, r in measured.items():
         cap = plan.scheme(s)
-        rows.append((s, str(cap.pages_per_request), format_size(cap.mamba_allocated_bytes_per_request),
+        rows.append((s, r["state_dtype"], str(cap.pages_per_request), format_size(cap.mamba_allocated_bytes_per_request),
                      str(r["num_pages"]), format_size(r["cache_bytes"]), str(r["planned"]), str(r["admitted"]),
                      f"{r['step_seconds']:.1f}",
                      "yes" if r["equal"] and r["outputs_finite"] and r["cursors_ok"] else "NO"))

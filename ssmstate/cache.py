@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ssmstate.layout import CURSORS_PER_PAGE, PageLayout
+from ssmstate.layout import CURSORS_PER_PAGE, SCALE_NAME, PageLayout
 
 
 class StateCache:
@@ -18,7 +18,11 @@ class StateCache:
     * native: ``state_slot`` (in row 0), ``pending``, ``conv_shift``.
 
     Everything starts zeroed, so page 0 (the null page) and fresh pages hold a
-    finite state that padding rows may safely point at.
+    finite state that padding rows may safely point at; an 8-bit checkpoint's
+    ``checkpoint_scale`` starts at 1, what encoding a zero state stores.
+
+    ``checkpoint_seed`` is the (1,) int64 device seed of stochastically rounded
+    checkpoint writes, or None for round-to-nearest; the manager sets and advances it.
     """
 
     def __init__(self, layout: PageLayout, num_pages: int, device: torch.device | str) -> None:
@@ -29,6 +33,10 @@ class StateCache:
             {t.name: torch.zeros((num_pages, *t.shape), dtype=t.dtype, device=self.device) for t in layout.tensors}
             for _ in range(layout.geometry.num_layers)
         ]
+        for layer in self.layers:
+            if SCALE_NAME in layer:
+                layer[SCALE_NAME].fill_(1.0)
+        self.checkpoint_seed: torch.Tensor | None = None
         self._set_cursors(torch.zeros((CURSORS_PER_PAGE, num_pages), dtype=torch.int32, device=self.device))
 
     @classmethod
@@ -63,6 +71,7 @@ class StateCache:
         self = cls.__new__(cls)
         self.layout, self.num_pages, self.device = layout, num_pages, device
         self.layers = [{spec.name: layer[spec.name] for spec in layout.tensors} for layer in layers]
+        self.checkpoint_seed = None
         self._set_cursors(cursors)
         return self
 
@@ -73,6 +82,19 @@ class StateCache:
         self.num_committed = cursors[1]
         self.pending = cursors[2]
         self.conv_shift = cursors[3]
+
+    def enable_stochastic_rounding(self, seed: int) -> None:
+        """Write checkpoints with stochastic rounding from now on, starting at ``seed`` (an int64)."""
+        from ssmstate.ops.quant import check_sr_dtype
+
+        check_sr_dtype(self.layout.geometry.state_dtype)
+        self.checkpoint_seed = torch.tensor([seed], dtype=torch.int64, device=self.device)
+
+    def advance_seed(self) -> None:
+        """Move the stochastic-rounding seed on (one device op, no sync; captured with a CUDA graph), so no
+        two checkpoint writes of an element draw the same bits."""
+        if self.checkpoint_seed is not None:
+            self.checkpoint_seed.add_(1)
 
     @property
     def nbytes(self) -> int:
@@ -86,9 +108,12 @@ class StateCache:
         return "checkpoint" if self.layout.scheme == "replay" else "state"
 
     def zero_pages(self, pages: list[int]) -> None:
-        """Zero every tensor and cursor of ``pages`` (one index_fill per tensor)."""
+        """Zero every tensor and cursor of ``pages`` (one index_fill per tensor; decode scales to 1)."""
         idx = torch.tensor(pages, dtype=torch.long, device=self.device)
         for layer in self.layers:
-            for t in layer.values():
-                t.index_fill_(0, idx, 0)
+            for name, t in layer.items():
+                if name == SCALE_NAME:
+                    t.index_fill_(0, idx, 1.0)
+                else:  # through a byte view for 1-byte dtypes (no index_fill for fp8 on CPU); all-zero bits = 0
+                    (t.view(torch.uint8) if t.element_size() == 1 else t).index_fill_(0, idx, 0)
         self.cursors.index_fill_(1, idx, 0)

@@ -275,3 +275,24 @@ def host_counts(num_accepted: object, n: int, rows: int, low: int, qs: np.ndarra
             f"{request_ids[i]!r}"
         )
     return a
+
+
+def check_rounding(backend: object, layout: object, stochastic_rounding: object, seed: object) -> None:
+    """The manager's rounding options: ``ConfigError`` for a non-bool switch, a seed outside int64 or stochastic
+    rounding of an fp32 checkpoint; ``BackendUnavailableError`` for a backend that cannot round stochastically."""
+    from ssmstate.ops.quant import check_sr_dtype
+
+    if not isinstance(stochastic_rounding, bool):
+        raise ConfigError(f"stochastic_rounding must be a bool, got {stochastic_rounding!r:.80}")
+    if not is_int(seed) or not -2**63 <= int(seed) < 2**63:  # type: ignore[call-overload]
+        raise ConfigError(f"seed must be an int64, got {seed!r:.80}")
+    if not stochastic_rounding:
+        return
+    if layout.scheme != "replay":  # type: ignore[attr-defined]
+        raise ConfigError("stochastic rounding applies to replay checkpoints; the native scheme stores every state")
+    check_sr_dtype(layout.geometry.state_dtype)  # type: ignore[attr-defined]
+    if not getattr(backend, "supports_stochastic_rounding", False):
+        raise BackendUnavailableError(
+            f"backend {getattr(backend, 'name', backend)!r} does not write stochastically rounded checkpoints; "
+            f"use backend='reference' or stochastic_rounding=False"
+        )

@@ -87,7 +87,11 @@ def _build_parser() -> argparse.ArgumentParser:
                       help="K, draft tokens per step (default: %(default)s)")
     plan.add_argument("--window", type=int, default=None,
                       help="ring history W for the replay schemes (default: 16, or 1 + max K if larger)")
-    plan.add_argument("--state-dtype", default="float32", help="SSM state dtype (default: %(default)s)")
+    plan.add_argument("--state-dtype", default="float32",
+                      help="SSM state (checkpoint) dtype: float32, bf16, fp16, int8 or fp8 (default: %(default)s)")
+    plan.add_argument("--builtin-state-dtype", default=None,
+                      help="state dtype of vLLM's built-in schemes (default: --state-dtype; float32 when that is "
+                           "8-bit, which vLLM does not hold)")
     plan.add_argument("--act-dtype", default="bfloat16", help="activation/ring/KV dtype (default: %(default)s)")
     plan.add_argument("--max-model-len", type=int, default=None,
                       help="context length: tokens per request the attention KV is reserved for "
@@ -141,8 +145,10 @@ def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
 def describe_dtypes(plan: CapacityPlan) -> str:
     from ssmstate.dtypes import dtype_name
 
-    g = plan.geometry
-    return f"state {dtype_name(g.state_dtype)}, act {dtype_name(g.act_dtype)}, conv {dtype_name(g.conv_state_dtype)}"
+    g, b = plan.geometry, plan.builtin_geometry
+    builtin = "" if b is None or b.state_dtype == g.state_dtype else f" (vLLM's built-in: {dtype_name(b.state_dtype)})"
+    return (f"state {dtype_name(g.state_dtype)}{builtin}, act {dtype_name(g.act_dtype)}, "
+            f"conv {dtype_name(g.conv_state_dtype)}")
 
 
 def _shape(plan: CapacityPlan, sweep: list[int] | None) -> str:
@@ -240,6 +246,12 @@ def render_plan(plan: CapacityPlan) -> str:
         out.append(f"vLLM ReplaySSM planned at its largest W = {plan.vllm_replayssm_window}")
     out.append(f"ssmstate vs vLLM native: {plan.concurrency_ratio:.2f}x the requests; "
                f"Mamba state {_mamba_wording(plan)} per request")
+    b = plan.builtin_geometry
+    if plan.vllm_replayssm is not None and plan.replayssm_bytes_ratio is not None and b is not None \
+            and b.state_dtype != plan.geometry.state_dtype:  # an fp32/bf16 page is vLLM's within one conv column
+        out.append(f"ssmstate vs vLLM ReplaySSM: Mamba state per request {plan.replayssm_bytes_ratio:.2f}x "
+                   f"({plan.replay.mamba_bytes_per_request:,} B vs {plan.vllm_replayssm.mamba_bytes_per_request:,} B), "
+                   f"{plan.replay.max_concurrency / plan.vllm_replayssm.max_concurrency:.2f}x the requests")
     vn, vr, vv = plan.vllm_native, plan.vllm_replay, plan.vllm_vllm_replayssm
     if vn is not None and vr is not None:
         vs = [vn, vv, vr]
@@ -363,7 +375,7 @@ def _run_plan(args: argparse.Namespace) -> str:
         weight_dtype=args.weight_dtype, weights_memory=args.weights_memory, reserve_memory=args.reserve_memory,
         kv_cache_memory=args.kv_cache_memory, max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs, cuda_graph_memory=0 if args.enforce_eager else args.cuda_graph_memory,
-        non_torch_memory=args.non_torch_memory,
+        non_torch_memory=args.non_torch_memory, builtin_state_dtype=args.builtin_state_dtype,
     )
     if args.window is not None:
         kwargs["window"] = args.window

@@ -105,7 +105,7 @@ class Mamba2Geometry:
 
     @property
     def state_bytes(self) -> int:
-        """Bytes of one SSM state (H, P, N) on one rank."""
+        """Bytes of one SSM state (H, P, N) on one rank (an 8-bit state's codes; PageLayout adds its scales)."""
         return self.heads_per_rank * self.head_dim * self.state_size * dtype_size(self.state_dtype)
 
     def describe(self) -> dict[str, Any]:

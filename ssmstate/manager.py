@@ -13,6 +13,7 @@ from ssmstate.cache import StateCache
 from ssmstate.checks import (
     FLOATS,
     check_A_values,
+    check_rounding,
     check_conv_inputs,
     check_hashable,
     check_host_pages,
@@ -37,10 +38,10 @@ from ssmstate.errors import (
     UnknownRequestError,
 )
 from ssmstate.ops import reference as ref
-from ssmstate.layout import PageLayout
+from ssmstate.layout import SCALE_NAME, PageLayout
 from ssmstate.plan import RequestId, StepPlan
 from ssmstate.pool import PagePool
-from ssmstate.saved import SavedState, check_saved
+from ssmstate.saved import SavedState, check_saved, restore_pages, save_pages
 
 Tensor = torch.Tensor
 
@@ -54,19 +55,21 @@ class StateManager(EngineSteps):
     """Owns the pages, cursors and step lifecycle of every request's recurrent state.
 
     Args:
-        layout: :meth:`PageLayout.replay` (one page per request) or
-            :meth:`PageLayout.native` (1 + K pages, one state per window token).
+        layout: :meth:`PageLayout.replay` (one page per request) or :meth:`PageLayout.native` (1 + K pages).
         num_pages: pages to allocate, page 0 (the null page) included.
         device: where the cache lives.
         backend: "reference" (PyTorch, any device), "triton" or "flashinfer".
         backend_options: keyword arguments of the backend's class, e.g. ``{"pdl": True}`` for
             :class:`~ssmstate.backends.triton.TritonBackend`.
-        max_batch: most rows (padding included) one step may have; sizes the
-            persistent plan buffers. Defaults to ``num_pages``.
+        max_batch: most rows (padding included) of a step; sizes the plan buffers. Defaults to ``num_pages``.
+        stochastic_rounding: write checkpoints (flush, materialize, write_state) with stochastic rounding
+            instead of round-to-nearest (bf16, fp16, int8 and fp8 checkpoints; :mod:`ssmstate.ops.quant`). The
+            seed lives on the device and moves on after every commit, materialize and write_state.
+        seed: the first stochastic-rounding seed (an int64).
         cache: a :class:`StateCache` over tensors an engine allocated
             (:meth:`StateCache.from_tensors`); ``num_pages`` must equal its page count.
-            The engine then owns the pages: steps come from
-            :meth:`begin_step_from_tensors` and fresh pages get :meth:`reset_cursors`.
+            The engine then owns the pages: steps come from :meth:`begin_step_from_tensors` and fresh pages get
+            :meth:`reset_cursors`.
 
     Host bookkeeping (which request owns which page, which step is open) lives
     here; everything a step reads or writes on the device lives in buffers at
@@ -76,7 +79,8 @@ class StateManager(EngineSteps):
 
     def __init__(self, layout: PageLayout, num_pages: int, device: torch.device | str = "cpu",
                  backend: str = "reference", max_batch: int | None = None,
-                 cache: StateCache | None = None, backend_options: Mapping[str, Any] | None = None) -> None:
+                 cache: StateCache | None = None, backend_options: Mapping[str, Any] | None = None,
+                 stochastic_rounding: bool = False, seed: int = 0) -> None:
         if not isinstance(layout, PageLayout):
             raise ConfigError(f"layout must be a PageLayout (PageLayout.replay or .native), got {layout!r:.80}")
         if not is_int(num_pages) or num_pages < 1:
@@ -90,6 +94,7 @@ class StateManager(EngineSteps):
         self.device = resolve_device(device)
         self.backend: Backend = get_backend(backend, backend_options)
         self.backend.check(layout, self.device)
+        check_rounding(self.backend, layout, stochastic_rounding, seed)
         self.pool = PagePool(num_pages)
         if cache is None:
             self.cache = StateCache(layout, num_pages, self.device)
@@ -100,6 +105,8 @@ class StateManager(EngineSteps):
                     f"{num_pages} pages on {self.device} with the same layout"
                 )
             self.cache = cache
+        if stochastic_rounding:
+            self.cache.enable_stochastic_rounding(int(seed))
         self._requests: dict[RequestId, _Request] = {}
         self._first_page: dict[RequestId, int] = {}  # request -> its (first) page, for begin_step's hot loop
         self._A: list[Tensor | None] = [None] * layout.geometry.num_layers
@@ -240,7 +247,7 @@ class StateManager(EngineSteps):
         """Install a prefill result as the request's state for one layer.
 
         Args:
-            ssm_state: (H, P, N) any float dtype; stored in the state dtype.
+            ssm_state: (H, P, N) any float dtype; stored in the state dtype (8-bit: encoded per ops.quant).
             conv_window: (conv_dim, conv_kernel - 1), oldest column first, or None.
 
         The request must have no committed ring rows (freshly admitted, or
@@ -260,7 +267,9 @@ class StateManager(EngineSteps):
                 f"call materialize() first"
             )
         t = self.cache.layers[layer]
-        t[self.cache.state_name()][page] = ssm_state.to(g.state_dtype)
+        ref.write_checkpoint(t[self.cache.state_name()], t.get(SCALE_NAME), page, ssm_state.float(),
+                             self.cache.checkpoint_seed, layer)
+        self.cache.advance_seed()
         if conv_window is not None:
             end = self._conv_end(req.pages[0])
             t["conv"][req.pages[0], :, end - (k - 1): end] = conv_window.to(g.conv_state_dtype)
@@ -278,7 +287,7 @@ class StateManager(EngineSteps):
             raise LifecycleError(f"read_state: layer {layer} has committed rows but no A was ever given")
         return ref.replay_read_state(t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"],
                                      self.cache.ring_start, self.cache.num_committed, A, page,
-                                     window=self.layout.spec.window).clone()
+                                     window=self.layout.spec.window, checkpoint_scale=t.get(SCALE_NAME)).clone()
 
     def read_conv(self, request_id: RequestId, layer: int) -> Tensor:
         """(conv_dim, conv_kernel - 1): the committed conv history, oldest column first."""
@@ -469,6 +478,7 @@ class StateManager(EngineSteps):
             self._rollback_unverified(plan)
         else:
             self.backend.commit(self.cache, plan, device_counts, bool(plan.conv_layers), self.error_flag)
+            self.cache.advance_seed()
         self._close(plan)
 
     def _rollback_unverified(self, plan: StepPlan) -> None:
@@ -530,6 +540,7 @@ class StateManager(EngineSteps):
                 self.backend.materialize(self.cache, layer, A, pages)
         ref.replay_reset_cursors(self.cache.ring_start, self.cache.num_committed, pages,
                                  self.layout.spec.ring_len, window=self.layout.spec.window)
+        self.cache.advance_seed()
 
     def materialize_pages(self, page_ids: Tensor) -> None:
         """:meth:`materialize` by page, for engines that own the pages (0 entries are skipped).
@@ -559,11 +570,7 @@ class StateManager(EngineSteps):
     def preempt(self, request_id: RequestId) -> SavedState:
         """Copy the request's pages and cursors to the host and free its pages."""
         req = self._idle(request_id, "preempt")
-        idx = torch.tensor(req.pages, dtype=torch.long, device=self.device)
-        tensors = tuple(
-            {name: t.index_select(0, idx).cpu() for name, t in layer.items()} for layer in self.cache.layers
-        )
-        saved = SavedState(self.layout, tensors, self.cache.cursors.index_select(1, idx).cpu())
+        saved = save_pages(self.cache, req.pages, self.layout)
         self.release(request_id)
         return saved
 
@@ -584,11 +591,7 @@ class StateManager(EngineSteps):
         check_saved(saved, self.layout)
         pages = self.pool.allocate(self.layout.pages_per_request)
         try:
-            idx = torch.tensor(pages, dtype=torch.long, device=self.device)
-            for layer, saved_layer in zip(self.cache.layers, saved.tensors):
-                for name, t in layer.items():
-                    t.index_copy_(0, idx, saved_layer[name].to(self.device))
-            self.cache.cursors.index_copy_(1, idx, saved.cursors.to(self.device))
+            restore_pages(self.cache, pages, saved)
         except BaseException:
             self.pool.free(pages)  # free pages hold no one's state: admit zeroes them
             raise

@@ -12,6 +12,7 @@ The three schemes:
   (its conv window is ``conv_kernel - 1 + K``), usable only while the ring history ``W <= 16`` and ``1 + K <= W``;
 * **replay**: ssmstate's page (one checkpoint, rings of ``W + T`` rows, conv window ``conv_kernel - 1 + T``),
   any W.
+vLLM's built-in schemes hold no 8-bit state: beside an int8/fp8 ssmstate page they are planned at fp32.
 
 Every Mamba byte comes from :class:`~ssmstate.layout.PageLayout` and every
 attention byte from :meth:`~ssmstate.geometry.AttentionGeometry.kv_bytes_per_token`;
@@ -46,7 +47,7 @@ from ssmstate.budget import (
     resolve_gpu_memory,
     state_budget,
 )
-from ssmstate.dtypes import dtype_size
+from ssmstate.dtypes import dtype_size, is_quantized, to_dtype
 from ssmstate.errors import CapacityError, ConfigError
 from ssmstate.geometry import AttentionGeometry, Mamba2Geometry, ModelConfig, load_model
 from ssmstate.gpus import format_size
@@ -182,6 +183,7 @@ class CapacityPlan:
         vllm_replayssm: vLLM's built-in ReplaySSM, ideal figure (None where it does not run: W or 1 + K over 16).
         vllm_replayssm_window: the ring history vLLM's ReplaySSM is planned with (``min(W, 16)``).
         vllm_native, vllm_replay: vLLM's figures (None unless ``vllm_compatible``).
+        builtin_geometry: ``geometry`` at the state dtype vLLM's built-in schemes (native, ReplaySSM) run.
     """
 
     model: str
@@ -205,6 +207,14 @@ class CapacityPlan:
     vllm_native: VllmCapacity | None = None
     vllm_replay: VllmCapacity | None = None
     vllm_vllm_replayssm: VllmCapacity | None = None
+    builtin_geometry: Mamba2Geometry | None = None
+
+    @property
+    def replayssm_bytes_ratio(self) -> float | None:
+        """ssmstate's Mamba bytes per request over vLLM's built-in ReplaySSM's (None where it does not run)."""
+        if self.vllm_replayssm is None:
+            return None
+        return self.replay.mamba_bytes_per_request / self.vllm_replayssm.mamba_bytes_per_request
 
     @property
     def tp_size(self) -> int:
@@ -270,6 +280,8 @@ class CapacityPlan:
             "vllm_replay": None if self.vllm_replay is None else self.vllm_replay.to_dict(),
             "vllm_vllm_replayssm": None if self.vllm_vllm_replayssm is None else self.vllm_vllm_replayssm.to_dict(),
             "vllm_ratio": self.vllm_ratio,
+            "builtin_state_dtype": str((self.builtin_geometry or self.geometry).state_dtype).removeprefix("torch."),
+            "replayssm_bytes_ratio": self.replayssm_bytes_ratio,
         }
 
 
@@ -433,16 +445,16 @@ def _vllm_replayssm_page(geometry: Mamba2Geometry, num_speculative_tokens: int,
 
 def _schemes(model_name: str, geometry: Mamba2Geometry, spec: SpecConfig, budget: int,
              attn: AttentionGeometry | None, per_token: int, max_model_len: int, count_attention: bool,
-             vllm_compatible: bool, block_size: int | None) -> _Schemes:
+             vllm_compatible: bool, block_size: int | None, builtin: Mamba2Geometry) -> _Schemes:
     """Every scheme's figures for one budget.
 
     ``attn`` carries the KV dtype, ``per_token`` is its charged KV bytes per token on one rank (0 when not
-    counted) and ``geometry`` gives the TP size.
+    counted), ``geometry`` gives the TP size and ``builtin`` is the geometry of vLLM's built-in schemes.
     """
     tp_size = geometry.tp_size
-    layouts = {s: PageLayout(s, geometry, spec) for s in ("native", "replay")}
+    layouts = {"native": PageLayout("native", builtin, spec), "replay": PageLayout("replay", geometry, spec)}
     ideal = _ideal_fitting(model_name, layouts, budget, per_token * max_model_len)
-    vr_window, vr_layout, vr_page = _vllm_replayssm_page(geometry, spec.num_speculative_tokens, spec.window)
+    vr_window, vr_layout, vr_page = _vllm_replayssm_page(builtin, spec.num_speculative_tokens, spec.window)
     vllm_replayssm = None
     if vr_layout is not None and vr_page is not None:
         vllm_replayssm = _ideal(vr_layout, budget, per_token * max_model_len, "vllm_replayssm", vr_page)
@@ -471,7 +483,7 @@ def plan_capacity(
     weight_dtype: str = "bf16", weights_memory: int | str | None = None, reserve_memory: int | str | None = None,
     kv_cache_memory: int | str | None = None, max_num_batched_tokens: int | None = None,
     max_num_seqs: int | None = None, cuda_graph_memory: int | str = DEFAULT_CUDA_GRAPH_BYTES,
-    non_torch_memory: int | str = DEFAULT_NON_TORCH_BYTES,
+    non_torch_memory: int | str = DEFAULT_NON_TORCH_BYTES, builtin_state_dtype: str | None = None,
 ) -> CapacityPlan:
     """Plan how many concurrent requests a deployment holds: native (1 + K pages), vLLM's ReplaySSM, ssmstate.
 
@@ -485,7 +497,8 @@ def plan_capacity(
         tp_size: tensor-parallel size; must divide heads, groups and conv channels.
         num_speculative_tokens: K.
         window: W, the replay ring history.
-        state_dtype, act_dtype: SSM state dtype and activation (ring, conv, KV) dtype.
+        state_dtype, act_dtype: SSM state dtype (fp32, bf16, fp16, int8, fp8) and activation (ring, conv, KV) dtype.
+        builtin_state_dtype: state dtype of vLLM's built-in schemes; None: ``state_dtype``, fp32 for an 8-bit one.
         max_model_len: tokens per request for the attention KV charge (the context length); the model's
             maximum when None.
         count_attention: charge attention KV (False: Mamba state only).
@@ -516,6 +529,7 @@ def plan_capacity(
     batched_tokens, seqs = profile_sizes(memory, max_num_batched_tokens, max_num_seqs)
     mml = cfg.max_model_len if max_model_len is None else check_positive_int("max_model_len", max_model_len)
     geometry = cfg.mamba_geometry(state_dtype=state_dtype, act_dtype=act_dtype, tp_size=tp_size)
+    builtin = _builtin_geometry(geometry, builtin_state_dtype)
     spec = SpecConfig(num_speculative_tokens, window)
     budget = state_budget(cfg, memory, gpu_utilization, tp_size, max_num_batched_tokens=batched_tokens,
                           max_num_seqs=seqs, weight_dtype=weight_dtype, weights_memory=weights_memory,
@@ -525,7 +539,7 @@ def plan_capacity(
     num_attn = attn.num_layers if attn is not None else 0
     per_token = attn.kv_bytes_per_token(tp_size) if (attn is not None and count_attention) else 0
     schemes = _schemes(cfg.name, geometry, spec, budget.budget_bytes, attn, per_token, mml, count_attention,
-                       vllm_compatible, block_size)
+                       vllm_compatible, block_size, builtin)
     return CapacityPlan(
         model=cfg.name, geometry=geometry, spec=spec, gpu=gpu_name, gpu_memory=memory,
         gpu_utilization=float(gpu_utilization), requested_bytes=budget.requested_bytes, weights=budget.weights,
@@ -534,8 +548,17 @@ def plan_capacity(
         attention_bytes_per_token=per_token, native=schemes.native, replay=schemes.replay,
         vllm_replayssm=schemes.vllm_replayssm, vllm_replayssm_window=schemes.vllm_replayssm_window,
         vllm_native=schemes.vllm_native, vllm_replay=schemes.vllm_replay,
-        vllm_vllm_replayssm=schemes.vllm_vllm_replayssm,
+        vllm_vllm_replayssm=schemes.vllm_vllm_replayssm, builtin_geometry=builtin,
     )
+
+
+def _builtin_geometry(geometry: Mamba2Geometry, builtin_state_dtype: str | None) -> Mamba2Geometry:
+    """``geometry`` at the state dtype vLLM's built-in schemes run (never 8-bit)."""
+    if builtin_state_dtype is None:
+        return attrs.evolve(geometry, state_dtype="float32") if is_quantized(geometry.state_dtype) else geometry
+    if is_quantized(to_dtype(builtin_state_dtype)):
+        raise ConfigError(f"builtin_state_dtype {builtin_state_dtype!r}: vLLM's built-in schemes hold no 8-bit state")
+    return attrs.evolve(geometry, state_dtype=builtin_state_dtype)
 
 
 def sweep_k(model: str | os.PathLike[str] | ModelConfig, ks: Iterable[int] = range(0, 9),

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping as _MappingABC
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
 
 from ssmstate.errors import ShapeError, SSMStateError
 from ssmstate.layout import CURSORS_PER_PAGE, PageLayout
+
+if TYPE_CHECKING:
+    from ssmstate.cache import StateCache
 
 Tensor = torch.Tensor
 
@@ -33,6 +37,29 @@ class SavedState:
         for layer in self.tensors:
             total += sum(t.numel() * t.element_size() for t in layer.values())
         return total
+
+
+def _bytes(t: Tensor) -> Tensor:
+    """A 1-byte tensor as uint8 (fp8 has no index_select/index_copy on CPU; bytes move verbatim)."""
+    return t.view(torch.uint8) if t.element_size() == 1 and t.dtype != torch.uint8 else t
+
+
+def save_pages(cache: "StateCache", pages: list[int], layout: PageLayout) -> SavedState:
+    """Copy every layer's tensors (an 8-bit checkpoint's codes and scales included) and the cursors of
+    ``pages`` to the host, byte for byte."""
+    idx = torch.tensor(pages, dtype=torch.long, device=cache.device)
+    tensors = tuple({name: _bytes(t).index_select(0, idx).cpu().view(t.dtype) for name, t in layer.items()}
+                    for layer in cache.layers)
+    return SavedState(layout, tensors, cache.cursors.index_select(1, idx).cpu())
+
+
+def restore_pages(cache: "StateCache", pages: list[int], saved: SavedState) -> None:
+    """Overwrite every tensor and cursor of ``pages`` with ``saved`` (already checked), byte for byte."""
+    idx = torch.tensor(pages, dtype=torch.long, device=cache.device)
+    for layer, saved_layer in zip(cache.layers, saved.tensors):
+        for name, t in layer.items():
+            _bytes(t).index_copy_(0, idx, _bytes(saved_layer[name]).to(cache.device))
+    cache.cursors.index_copy_(1, idx, saved.cursors.to(cache.device))
 
 
 def check_saved(saved: SavedState, layout: PageLayout) -> None:

@@ -53,7 +53,8 @@ def layer_inputs(m: StateManager, L: int, gen: torch.Generator) -> dict[str, tor
 def full_snapshot(m: StateManager) -> list[Any]:
     """Every byte a refused call must leave alone: tensors, cursors, error flag, pool, request map, open step."""
     snap: list[Any] = [t.clone() for layer in m.cache.layers for t in layer.values()]
-    snap += [m.cache.cursors.clone(), m.error_flag.clone()]
+    seed = getattr(m.cache, "checkpoint_seed", None)
+    snap += [m.cache.cursors.clone(), m.error_flag.clone(), None if seed is None else seed.clone()]
     snap += [list(m.pool._free), bytes(m.pool._used)]
     snap += [{rid: list(r.pages) for rid, r in m._requests.items()}, dict(m._first_page)]
     snap += [[id(a) for a in m._A], m._step, m._open_ids]

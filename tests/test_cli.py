@@ -99,6 +99,18 @@ def test_plan_no_attention_and_dtypes(capsys) -> None:
     assert got["geometry"]["state_dtype"] == "bfloat16" and got["gpu_memory"] == 80 << 30
 
 
+@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+def test_plan_8bit_state_beside_vllm_replayssm_fp32(capsys, dtype: str) -> None:
+    rc, out, _ = _run(capsys, "plan", "--state-dtype", dtype, "--gpu", "H200")
+    assert rc == 0
+    assert "(vLLM's built-in: float32)" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("ssmstate vs vLLM ReplaySSM"))
+    assert "Mamba state per request 0.34x (38,486,016 B vs 112,705,536 B)" in line
+    rc, out, _ = _run(capsys, "plan", "--state-dtype", dtype, "--gpu", "H200", "--json")
+    d = json.loads(out)
+    assert d["builtin_state_dtype"] == "float32" and d["replayssm_bytes_ratio"] <= 0.4
+
+
 def test_vllm_compatible_table(capsys) -> None:
     rc, out, _ = _run(capsys, "plan", "--vllm-compatible", "--kv-cache-memory", "100GiB")
     assert rc == 0
@@ -174,6 +186,7 @@ def test_presets_and_gpus(capsys) -> None:
     (["-k", "-1"], "num_speculative_tokens"),
     (["-k", "4", "--window", "4"], "window W=4"),
     (["--state-dtype", "int3"], "unknown dtype"),
+    (["--state-dtype", "int8", "--builtin-state-dtype", "fp8"], "no 8-bit state"),
 ])
 def test_bad_inputs_exit_2_with_one_line(capsys, argv: list[str], message: str) -> None:
     rc, out, err = _run(capsys, "plan", *argv)

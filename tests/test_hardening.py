@@ -353,6 +353,35 @@ def test_bad_input_walk_native():
     assert counts["tried"] == counts["typed_unchanged"] >= 60
 
 
+@pytest.mark.parametrize("state_dtype", ["int8", "fp8"])
+def test_bad_input_walk_8bit_stochastic(state_dtype):
+    """An 8-bit checkpoint written with stochastic rounding: every refused call also leaves the codes, the scales
+    and the device seed alone."""
+    geom = Mamba2Geometry(4, 4, 8, 2, 4, 2, act_dtype=torch.float32, state_dtype=state_dtype)
+    counts = bad_input_walk(lambda **kw: StateManager(**kw, stochastic_rounding=True, seed=3), backend="reference",
+                            device="cpu", geometry=geom)
+    assert counts["tried"] == counts["typed_unchanged"] >= 120
+
+
+def test_resume_refuses_8bit_blob_without_its_scales():
+    layout = PageLayout.replay(Mamba2Geometry(4, 4, 8, 2, 4, 2, state_dtype="int8"), SPEC)
+    m = StateManager(layout, num_pages=3)
+    m.admit("a")
+    m.write_state("a", 0, torch.randn(4, 4, 8))
+    saved = m.preempt("a")
+    layers = [{k: v for k, v in layer.items() if k != "checkpoint_scale"} for layer in saved.tensors]
+    before = m.pool.num_free
+    with pytest.raises(ShapeError, match="checkpoint_scale"):
+        m.resume("a", SavedState(saved.layout, tuple(layers), saved.cursors))
+    assert m.pool.num_free == before
+    wrong = [dict(layer, checkpoint_scale=layer["checkpoint_scale"].double()) for layer in saved.tensors]
+    with pytest.raises(ShapeError, match="checkpoint_scale"):
+        m.resume("a", SavedState(saved.layout, tuple(wrong), saved.cursors))
+    m.resume("a", saved)
+    layer0 = saved.tensors[0]
+    assert torch.equal(m.read_state("a", 0), ref.read_checkpoint(layer0["checkpoint"], layer0["checkpoint_scale"], 0))
+
+
 def test_device_page_ids_out_of_range_or_repeated_become_padding():
     """On a GPU the engine's page ids cannot be checked without a sync: a row whose id is out of range or repeats an
     earlier row's becomes a padding row, and reset_cursors skips such ids (the CPU path refuses them, above). The

@@ -152,6 +152,78 @@ def test_max_concurrency_benchmark_runs_and_matches_on_cpu(tmp_path: Path) -> No
         assert m["step_rows"] == m["admitted"] and m["outputs_finite"] and m["cursors_ok"]
 
 
+@pytest.mark.parametrize("state", ["int8", "fp8"])
+def test_8bit_pool_admits_the_planned_count(state: str) -> None:
+    """The 8-bit page (codes + fp32 scales) the planner charges is what the cache allocates, to the byte."""
+    model = _tiny_model()
+    budget = 1 * MiB
+    plan = plan_capacity(model, kv_cache_memory=budget, num_speculative_tokens=3, count_attention=False,
+                         state_dtype=state)
+    layout = PageLayout.replay(plan.geometry, plan.spec)
+    assert "checkpoint_scale" in [t.name for t in layout.tensors]
+    n, mgr = _admit_all(layout, plan.replay.num_pages)
+    assert n == plan.replay.max_concurrency > 0
+    assert mgr.cache.nbytes <= budget < mgr.cache.nbytes + plan.replay.allocated_bytes_per_page
+    # vLLM's built-in schemes hold no 8-bit state: they are planned at fp32, exactly as an fp32 plan has them
+    fp32 = plan_capacity(model, kv_cache_memory=budget, num_speculative_tokens=3, count_attention=False)
+    assert plan.builtin_geometry.state_dtype == torch.float32
+    assert plan.native == fp32.native and plan.vllm_replayssm == fp32.vllm_replayssm
+    assert plan.replay.max_concurrency > fp32.replay.max_concurrency
+
+
+@pytest.mark.parametrize("state", ["int8", "fp8"])
+def test_nemotron_h_8b_8bit_page_is_under_04x_of_vllm_replayssm_fp32(state: str) -> None:
+    plan = plan_capacity("nemotron-h-8b", gpu="H200", state_dtype=state)
+    vr = plan.vllm_replayssm
+    assert vr is not None and vr == plan_capacity("nemotron-h-8b", gpu="H200").vllm_replayssm
+    print(f"nemotron-h-8b K=3 W=16 on H200, {state}: {plan.replay.mamba_bytes_per_request} B/request vs vLLM "
+          f"ReplaySSM fp32 {vr.mamba_bytes_per_request} B: {plan.replayssm_bytes_ratio:.3f}x")
+    assert plan.replayssm_bytes_ratio <= 0.4
+    assert plan.replay.max_concurrency > vr.max_concurrency
+    assert plan.to_dict()["builtin_state_dtype"] == "float32"
+    bf16 = plan_capacity("nemotron-h-8b", gpu="H200", state_dtype=state, builtin_state_dtype="bf16")
+    assert bf16.native.mamba_bytes_per_request < plan.native.mamba_bytes_per_request
+    with pytest.raises(ConfigError, match="8-bit"):
+        plan_capacity("nemotron-h-8b", gpu="H200", state_dtype=state, builtin_state_dtype="int8")
+
+
+def test_capacity_doc_8bit_table_is_current() -> None:
+    """The 8-bit table of docs/capacity.md is what the planner gives."""
+    import re
+
+    from ssmstate.gpus import format_size
+
+    text = (ROOT / "docs" / "capacity.md").read_text()
+    rows = re.findall(r"^\| (nemotron-[\w-]+) \| (\w+) \| (.*) \|$", text, flags=re.M)
+    assert len(rows) == 8
+    for model, dtype, rest in rows:
+        p = plan_capacity(model, gpu="H200", state_dtype=dtype, builtin_state_dtype="fp32")
+        q = plan_capacity(model, gpu="H200", state_dtype=dtype, builtin_state_dtype="fp32", count_attention=False)
+        assert p.vllm_replayssm is not None and q.vllm_replayssm is not None
+        want = (f"{format_size(p.replay.layer_page_bytes)} | {p.replay.mamba_bytes_per_request:,} | "
+                f"{p.replayssm_bytes_ratio:.2f}x | {p.replay.max_concurrency} / {p.vllm_replayssm.max_concurrency} / "
+                f"{p.native.max_concurrency} | {q.replay.max_concurrency} / {q.vllm_replayssm.max_concurrency} / "
+                f"{q.native.max_concurrency}")
+        assert rest == want, (model, dtype)
+
+
+def test_max_concurrency_benchmark_admits_the_planned_8bit_pool(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("max_concurrency", ROOT / "benchmarks" / "max_concurrency.py")
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(mod)
+    out = tmp_path / "mc.json"
+    rc = mod.main(["--num-layers", "2", "--num-heads", "8", "--head-dim", "16", "--state-size", "16",
+                   "--n-groups", "2", "--budget", "400KiB", "--state-dtype", "int8", "--out", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["all_equal_and_working"]
+    replay, native = report["measured"]["replay"], report["measured"]["native"]
+    assert replay["state_dtype"] == "int8" and native["state_dtype"] == "float32"
+    assert replay["admitted"] == replay["planned"] == report["plan"]["replay"]["max_concurrency"] > 0
+    assert replay["outputs_finite"] and replay["cursors_ok"] and replay["pool_is_maximal"]
+
+
 # -- the headline ratio ---------------------------------------------------------------------
 
 def test_replay_over_native_ratio_nemotron_h_8b_k3() -> None:

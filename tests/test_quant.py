@@ -68,6 +68,12 @@ def test_nan_entries_are_ignored_by_amax():
     assert q.tolist() == [[0, 127, -64]] and scale.item() == _f32(1.0 / _f32(127.0))
     q, _ = quant.encode(row, FP8)
     assert math.isnan(q.float()[0, 0].item()) and q.float()[0, 1].item() == 448.0
+    # a NaN of either sign is stored as the canonical e4m3fn NaN byte 0x7F
+    q, _ = quant.encode(torch.tensor([[float("nan"), -float("nan"), 1.0]]), FP8)
+    assert q.view(torch.uint8).tolist() == [[0x7F, 0x7F, 0x7E]]
+    bits = _const_bits((2,), 0xFFFFFFFF)
+    out = quant.sr_round_float(torch.tensor([float("nan"), -float("nan")]), FP8, bits)
+    assert out.view(torch.uint8).tolist() == [0x7F, 0x7F]
 
 
 def test_inf_poisons_the_row():

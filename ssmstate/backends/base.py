@@ -29,6 +29,9 @@ class Backend(Protocol):
     name: str
     #: verify takes ``StepPlan.row_cursors`` (the manager gathers them per step only for such a backend)
     reads_row_cursors: bool
+    #: writes checkpoints with stochastic rounding when ``cache.checkpoint_seed`` is set (the manager refuses
+    #: ``stochastic_rounding=True`` for a backend without it); a missing attribute reads as False
+    supports_stochastic_rounding: bool
 
     def check(self, layout: PageLayout, device: torch.device) -> None:
         """Raise :class:`~ssmstate.errors.BackendUnavailableError` if this backend cannot serve ``layout`` on
@@ -43,8 +46,9 @@ class Backend(Protocol):
         Caller-owned inputs: ``x`` (tokens, H, P) and ``z`` (tokens, H, P) or None in the ring dtype; ``dt``
         (tokens, H) raw, any float; ``B``, ``C`` (tokens, G, N) in the ring dtype; model parameters ``A`` (H,)
         fp32, negative, ``D`` and ``dt_bias`` (H,) or None. ``out`` (tokens, H, P), caller-owned, is written for
-        every non-padding token and returned. Cache-owned: the layer's checkpoint (rewritten on flush rows) and
-        rings."""
+        every non-padding token and returned. Cache-owned: the layer's checkpoint (rewritten on flush rows), its
+        ``checkpoint_scale`` for an 8-bit checkpoint (rewritten with it, per :mod:`ssmstate.ops.quant`) and
+        rings; ``cache.checkpoint_seed`` (int64 (1,), or None) selects stochastic rounding of those writes."""
 
     def conv(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, weight: Tensor,
              bias: Tensor | None, activation: str | None, out: Tensor) -> Tensor:
@@ -59,5 +63,5 @@ class Backend(Protocol):
         ``error_flag`` (1,) int32. ``update_conv``: also roll the conv windows back by ``q - a``."""
 
     def materialize(self, cache: StateCache, layer: int, A: Tensor, page_ids: Tensor) -> None:
-        """Fold each page's committed ring rows into its checkpoint for ``layer`` (replay; cursors untouched).
-        ``A`` (H,) fp32; ``page_ids`` (rows,) int32 on the device, 0 = skip."""
+        """Fold each page's committed ring rows into its checkpoint for ``layer`` (replay; cursors untouched),
+        written as verify writes it. ``A`` (H,) fp32; ``page_ids`` (rows,) int32 on the device, 0 = skip."""

@@ -55,6 +55,7 @@ import torch
 
 from ssmstate.backends.reference import ReferenceBackend
 from ssmstate.cache import StateCache
+from ssmstate.dtypes import is_quantized
 from ssmstate.errors import BackendUnavailableError, ConfigError, ShapeError
 from ssmstate.layout import PageLayout
 from ssmstate.plan import StepPlan
@@ -100,7 +101,10 @@ def unsupported_reasons(layout: PageLayout) -> list[str]:
     reasons: list[str] = []
     if g.act_dtype not in _TWO_BYTE:
         reasons.append(f"act_dtype={g.act_dtype} (x, B, C, z and the rings must be bf16 or fp16)")
-    if g.state_dtype not in _STATE:
+    if is_quantized(g.state_dtype):
+        reasons.append(f"state_dtype={g.state_dtype}: 8-bit checkpoints need checkpointing_ssu's state_scale, "
+                       f"which this backend does not pass")
+    elif g.state_dtype not in _STATE:
         reasons.append(f"state_dtype={g.state_dtype} (needs fp32, bf16 or fp16)")
     if P % 16:
         reasons.append(f"head_dim P={P} is not a multiple of 16")
@@ -241,6 +245,7 @@ class FlashInferBackend(ReferenceBackend):
 
     name = "flashinfer"
     reads_row_cursors = False  # checkpointing_ssu reads each page's cursors itself: no per-step gather
+    supports_stochastic_rounding = False  # its rand_seed is not passed
 
     def __init__(self, algorithm: str = "auto", native_algorithm: str = "auto") -> None:
         self.algorithm = algorithm

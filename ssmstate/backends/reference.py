@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ssmstate.cache import StateCache
-from ssmstate.layout import PageLayout
+from ssmstate.layout import SCALE_NAME, PageLayout
 from ssmstate.ops import reference as ref
 from ssmstate.plan import StepPlan
 
@@ -17,6 +17,7 @@ class ReferenceBackend:
 
     name = "reference"
     reads_row_cursors = True  # checked against the pages on every verify
+    supports_stochastic_rounding = True
 
     def check(self, layout: PageLayout, device: torch.device) -> None:
         return None
@@ -30,7 +31,8 @@ class ReferenceBackend:
         return ref.replay_verify(t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start,
                                  cache.num_committed, x, dt, A, B, C, plan.page_ids_host, plan.cu_seqlens_host,
                                  cache.layout.spec.window, out, D=D, dt_bias=dt_bias, z=z,
-                                 row_cursors=plan.row_cursors)
+                                 row_cursors=plan.row_cursors, checkpoint_scale=t.get(SCALE_NAME),
+                                 sr_seed=cache.checkpoint_seed, layer=layer)
 
     def conv(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, weight: Tensor, bias: Tensor | None,
              activation: str | None, out: Tensor) -> Tensor:
@@ -50,4 +52,5 @@ class ReferenceBackend:
     def materialize(self, cache: StateCache, layer: int, A: Tensor, page_ids: Tensor) -> None:
         t = cache.layers[layer]
         ref.replay_materialize(t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start,
-                               cache.num_committed, A, page_ids, window=cache.layout.spec.window)
+                               cache.num_committed, A, page_ids, window=cache.layout.spec.window,
+                               checkpoint_scale=t.get(SCALE_NAME), sr_seed=cache.checkpoint_seed, layer=layer)

@@ -14,6 +14,7 @@ from types import ModuleType
 import torch
 
 from ssmstate.cache import StateCache
+from ssmstate.dtypes import dtype_name, is_quantized
 from ssmstate.errors import BackendUnavailableError, ConfigError
 from ssmstate.layout import PageLayout
 from ssmstate.plan import StepPlan
@@ -57,6 +58,7 @@ class TritonBackend:
 
     name = "triton"
     reads_row_cursors = True  # the TMA kernel loads them beside the page id
+    supports_stochastic_rounding = False
 
     def __init__(self, pdl: bool = False) -> None:
         if not isinstance(pdl, bool):
@@ -88,6 +90,9 @@ class TritonBackend:
             raise BackendUnavailableError(f"the triton backend needs a CUDA device (or CPU + TRITON_INTERPRET=1), got {device}")
         g, s = layout.geometry, layout.spec
         problems = []
+        if is_quantized(g.state_dtype):
+            problems.append(f"{dtype_name(g.state_dtype)} checkpoints (the kernels read and write no "
+                            f"checkpoint_scale; backend='reference' serves 8-bit checkpoints)")
         if g.head_dim > MAX_HEAD_DIM:
             problems.append(f"head_dim {g.head_dim} > {MAX_HEAD_DIM}")
         if g.state_size > MAX_STATE_SIZE:

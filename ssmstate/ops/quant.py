@@ -12,7 +12,7 @@ Encode of one row ``S[0..N)`` (all fp32, IEEE round-to-nearest):
 * ``amax > 0`` is floored at ``QMAX * 2**-117`` so the encode factor stays finite.
 * ``enc = 1 if amax == 0 else QMAX / amax``; ``scale = 1 / enc`` (stored).
 * ``v = S[n] * enc``; int8: round half to even, saturate to [-127, 127], NaN -> 0;
-  fp8: clamp to [-448, 448], round to nearest even into e4m3fn, NaN -> NaN.
+  fp8: clamp to [-448, 448], round to nearest even into e4m3fn, NaN -> NaN (always the byte 0x7F).
 
 So an all-zero row stores scale 1 and zeros; an inf in a row gives ``enc = 0``,
 ``scale = inf`` and the whole row decodes to NaN (poisoned, never silently finite).
@@ -35,7 +35,9 @@ lowbias32 (``x ^= x >> 16; x *= 0x7FEB352D; x ^= x >> 15; x *= 0x846CA68B;
 x ^= x >> 16`` on uint32) folded over the words ``seed_lo, seed_hi, layer,
 page, h, p, n``: ``acc = mix(seed_lo); acc = mix(acc ^ w)`` for each later word
 (every word taken mod 2**32). Torch computes it in int64 with 32-bit masks and
-split multiplies; Triton in uint32; both give the same bits.
+split multiplies; a kernel computes it in uint32 (constants typed uint32, logical
+shifts), reading the seed from ``cache.checkpoint_seed`` (int64 (1,), on the
+device: low and high words) and the layer from the verb; both give the same bits.
 
 Rounding with the bits ``r`` of an element:
 
@@ -102,7 +104,14 @@ def _round_int8(v: torch.Tensor) -> torch.Tensor:
 
 
 def _round_fp8(v: torch.Tensor) -> torch.Tensor:
-    return v.clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
+    return _fp8_canonical_nan(v, v.clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn))
+
+
+def _fp8_canonical_nan(v: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Every NaN of ``v`` stored as 0x7F, the canonical e4m3fn NaN (the sign of a NaN carries nothing, and the
+    hardware conversion writes 0x7F), so every backend stores the same byte."""
+    nan = torch.full_like(q.view(torch.uint8), 0x7F)
+    return torch.where(torch.isnan(v), nan, q.view(torch.uint8)).view(torch.float8_e4m3fn)
 
 
 def encode(state: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,7 +222,7 @@ def sr_round_float(x: torch.Tensor, dtype: torch.dtype, bits: torch.Tensor) -> t
     sub = torch.floor(ax * 2.0 ** k + _uniform24(bits)) * 2.0 ** -k
     out = torch.where(ax < min_normal, torch.copysign(sub, x), normal)
     if dtype == torch.float8_e4m3fn:
-        out = out.clamp(-_FP8_MAX, _FP8_MAX)
+        return _fp8_canonical_nan(out, out.clamp(-_FP8_MAX, _FP8_MAX).to(dtype))
     return out.to(dtype)
 
 

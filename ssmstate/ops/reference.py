@@ -14,6 +14,9 @@ Conventions shared by every backend (docs/design.md has the layout, the math and
 * ``dt`` enters raw; the kernels apply ``softplus(dt + dt_bias)`` (threshold 20)
   and the rings store the processed fp32 value.
 * All math is fp32; every decay exponent is clamped to ``<= 0``.
+* Checkpoints are read through :func:`read_checkpoint` (fp32; an 8-bit one decoded with its
+  ``checkpoint_scale``) and written through :func:`write_checkpoint` (cast, or quantized per
+  :mod:`ssmstate.ops.quant`, round-to-nearest or stochastic with ``sr_seed``).
 * Cursors are read clamped (:func:`clamp_ring_cursors`, :func:`clamp_conv_shift`): ``ring_start`` to
   ``[0, R)``, ``num_committed`` to ``[0, W]``, ``pending`` and ``conv_shift`` to ``[0, T]``. Cursors the
   manager wrote are always in range and pass unchanged; a corrupted one (written straight into the cursor
@@ -25,6 +28,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from ssmstate.ops import quant
 
 Tensor = torch.Tensor
 
@@ -128,6 +133,36 @@ def _ring_rows(start: int, count: int, R: int, device: torch.device) -> Tensor:
     return (start + torch.arange(count, device=device)) % R
 
 
+def check_checkpoint_scale(checkpoint: Tensor, checkpoint_scale: Tensor | None) -> None:
+    """``ShapeError`` unless an 8-bit checkpoint comes with its (pages, H, P) fp32 scales (and only it does)."""
+    from ssmstate.errors import ShapeError
+
+    if quant.is_quantized(checkpoint.dtype):
+        want = tuple(checkpoint.shape[:-1])
+        if not (isinstance(checkpoint_scale, Tensor) and checkpoint_scale.dtype == torch.float32
+                and tuple(checkpoint_scale.shape) == want and checkpoint_scale.device == checkpoint.device):
+            raise ShapeError(f"a {checkpoint.dtype} checkpoint needs checkpoint_scale: {want} fp32 on "
+                             f"{checkpoint.device}")
+    elif checkpoint_scale is not None:
+        raise ShapeError(f"checkpoint_scale is for 8-bit checkpoints only, the checkpoint is {checkpoint.dtype}")
+
+
+def read_checkpoint(checkpoint: Tensor, checkpoint_scale: Tensor | None, page: int) -> Tensor:
+    """(H, P, N) fp32 state stored at ``page`` (decoded with its scales for an 8-bit checkpoint)."""
+    return quant.dequantize(checkpoint[page], None if checkpoint_scale is None else checkpoint_scale[page])
+
+
+def write_checkpoint(checkpoint: Tensor, checkpoint_scale: Tensor | None, page: int, S: Tensor,
+                     sr_seed: Tensor | None = None, layer: int = 0) -> None:
+    """Store the fp32 state ``S`` (H, P, N) at ``page``: :func:`ssmstate.ops.quant.quantize` into the checkpoint
+    dtype (and the page's scales), stochastically rounded when ``sr_seed`` (int64 (1,)) is given."""
+    pages = torch.tensor([page], dtype=torch.int64, device=checkpoint.device)
+    stored, scale = quant.quantize(S.unsqueeze(0), checkpoint.dtype, seed=sr_seed, layer=layer, pages=pages)
+    checkpoint[page] = stored[0]
+    if scale is not None:
+        checkpoint_scale[page] = scale[0]  # type: ignore[index]
+
+
 def replay_verify(
     checkpoint: Tensor,
     x_ring: Tensor,
@@ -149,6 +184,7 @@ def replay_verify(
     z: Tensor | None = None,
     dt_softplus: bool = True,
     row_cursors: Tensor | None = None,
+    checkpoint_scale: Tensor | None = None, sr_seed: Tensor | None = None, layer: int = 0,
 ) -> Tensor:
     """ReplaySSM verify for one layer: outputs for every window token, rows appended to the ring.
 
@@ -172,14 +208,14 @@ def replay_verify(
             gathered when the step began (``StepPlan.row_cursors``). A fast kernel may read a row's cursors
             there instead of at its page; here they are checked: a stale copy raises ``LifecycleError``
             before anything is written.
+        checkpoint_scale: (pages, H, P) fp32 scales of an 8-bit checkpoint (rewritten with it), else None.
+        sr_seed, layer: (1,) int64 seed of stochastically rounded flushes (None: nearest); layer for the hash.
     Returns:
         ``out``.
     """
-    R = x_ring.shape[2]
-    dev = x.device
-    Af = A.float()
-    pages = page_ids.tolist()
-    cu = cu_seqlens.tolist()
+    check_checkpoint_scale(checkpoint, checkpoint_scale)
+    R, dev, Af = x_ring.shape[2], x.device, A.float()
+    pages, cu = page_ids.tolist(), cu_seqlens.tolist()
     if row_cursors is not None:
         check_row_cursors(row_cursors, ring_start, num_committed, page_ids, cu_seqlens)
     for r, p in enumerate(pages):
@@ -194,10 +230,10 @@ def replay_verify(
         hx = x_ring[p][:, hist].transpose(0, 1)  # (c, H, P)
         hB = B_ring[p][:, hist].transpose(0, 1)  # (c, G, N)
         hdt = dt_ring[p][:, hist].transpose(0, 1)  # (c, H)
-        S0 = checkpoint[p].float()
+        S0 = read_checkpoint(checkpoint, checkpoint_scale, p)
         if c + q > window:  # flush: fold history, write the checkpoint
             S0 = fold(S0, hx, hB, hdt, Af)
-            checkpoint[p] = S0.to(checkpoint.dtype)
+            write_checkpoint(checkpoint, checkpoint_scale, p, S0, sr_seed, layer)
             hx, hB, hdt = hx[:0], hB[:0], hdt[:0]
         y = window_outputs(S0, hx, hB, hdt, x[lo:hi], B[lo:hi], C[lo:hi], dtp, Af)
         zz = None if z is None else z[lo:hi]
@@ -336,6 +372,9 @@ def replay_materialize(
     A: Tensor,
     page_ids: Tensor,
     window: int | None = None,
+    checkpoint_scale: Tensor | None = None,
+    sr_seed: Tensor | None = None,
+    layer: int = 0,
 ) -> None:
     """Fold the committed rows of each page into its checkpoint, for one layer.
 
@@ -346,7 +385,9 @@ def replay_materialize(
         checkpoint: (pages, H, P, N). rings as in :func:`replay_verify`.
         A: (H,) fp32. page_ids: (rows,) int32, 0 = skip.
         window: W, the bound ``num_committed`` is read clamped to (``R`` if None).
+        checkpoint_scale, sr_seed, layer: as in :func:`replay_verify` (every folded page is rewritten).
     """
+    check_checkpoint_scale(checkpoint, checkpoint_scale)
     R = x_ring.shape[2]
     W = R if window is None else window
     for p in page_ids.tolist():
@@ -356,9 +397,9 @@ def replay_materialize(
         if c == 0:
             continue
         rows = _ring_rows(_clamp(ring_start[p], 0, R - 1), c, R, x_ring.device)
-        S = fold(checkpoint[p].float(), x_ring[p][:, rows].transpose(0, 1),
+        S = fold(read_checkpoint(checkpoint, checkpoint_scale, p), x_ring[p][:, rows].transpose(0, 1),
                  B_ring[p][:, rows].transpose(0, 1), dt_ring[p][:, rows].transpose(0, 1), A.float())
-        checkpoint[p] = S.to(checkpoint.dtype)
+        write_checkpoint(checkpoint, checkpoint_scale, p, S, sr_seed, layer)
 
 
 def replay_reset_cursors(ring_start: Tensor, num_committed: Tensor, page_ids: Tensor, ring_len: int,
@@ -375,12 +416,14 @@ def replay_reset_cursors(ring_start: Tensor, num_committed: Tensor, page_ids: Te
 def replay_read_state(
     checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring: Tensor,
     ring_start: Tensor, num_committed: Tensor, A: Tensor | None, page: int, window: int | None = None,
+    checkpoint_scale: Tensor | None = None,
 ) -> Tensor:
     """(H, P, N) fp32 state of ``page`` with its committed rows applied; changes nothing (``num_committed`` read
-    clamped to ``[0, window]``, ``[0, R]`` if None)."""
+    clamped to ``[0, window]``, ``[0, R]`` if None; an 8-bit checkpoint decoded with ``checkpoint_scale``)."""
+    check_checkpoint_scale(checkpoint, checkpoint_scale)
     R = x_ring.shape[2]
     c = _clamp(num_committed[page], 0, R if window is None else window)
-    S = checkpoint[page].float()
+    S = read_checkpoint(checkpoint, checkpoint_scale, page)
     if c == 0:
         return S
     if A is None:
