@@ -149,6 +149,8 @@ def drive(args: argparse.Namespace) -> dict:
             m.commit(plan, accepted)
         for i in range(1, len(table)):
             out_err[i, step] = rel(outs[i], outs[0])
+        if (step + 1) % max(1, args.steps // 10) == 0:
+            print(f"step {step + 1}/{args.steps}, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
         if step + 1 in samples and not args.no_state:
             ref_state = read_states(managers[0], B)
             for (label, _, _), m in zip(table, managers):
