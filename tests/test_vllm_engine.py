@@ -56,6 +56,9 @@ def test_tokens_and_logprobs_match_hf(results):
 
 #: Greedy tokens of an 8-bit-state engine that must be HF's fp32 choice given the engine's own prefix.
 AGREEMENT_FLOOR = 0.95
+#: Largest |logprob - HF's fp32 logprob| of an 8-bit-state engine's tokens before its first difference
+#: (measured: 1.8e-4 int8, 5.2e-4 fp8; a state lost in the hand-over moves logprobs by O(1)).
+LOGPROB_BOUND_8BIT = 1e-2
 
 
 def test_8bit_state_agrees_with_the_fp32_path(results):
@@ -70,6 +73,7 @@ def test_8bit_state_agrees_with_the_fp32_path(results):
               f"{row['tokens_matched']}/{row['tokens']} before the first difference; first differences at "
               f"{first or 'none'}; max logprob error before it {row['max_logprob_err']:.1e}")
         assert frac >= AGREEMENT_FLOOR, row
+        assert row["max_logprob_err"] <= LOGPROB_BOUND_8BIT, row
         assert row["plugin"].get("continuing prefills", 0) > 0 and row["plugin"].get("windows", 0) > 0, row
 
 
