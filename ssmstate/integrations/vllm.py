@@ -254,7 +254,8 @@ class SSMStateMambaMixer2(MambaMixer2):
         write 8-bit codes with scales, nor round stochastically. Each prefill row's state is decoded
         into an ``(1 + n, H, P, N)`` fp32 staging tensor and its conv history copied out; the prefill runs
         on those (state indices 1..n: vLLM's kernels skip index 0, its null block); the result is encoded
-        back (``store_staged``, which leaves the null page alone) and the history copied back. All on the device, no host sync; the staging lives for this call only.
+        back (``store_staged``, which leaves the null page alone) and the history copied back. All on the
+        device, no host sync; the staging lives for this call only.
         """
         group, index = self.ssmstate_slot  # type: ignore[misc]
         sid = md.state_indices_tensor_p

@@ -234,8 +234,9 @@ def _refuse_unsupported(vllm_config: VllmConfig) -> None:
                       "--no-enable-prefix-caching")
     if _stochastic_rounding(vllm_config):
         raise _refuse("vLLM's stochastic rounding of the Mamba state (ssmstate writes the checkpoint itself)",
-                      f"--enable-mamba-cache-stochastic-rounding (drop it; ssmstate's own is {ENV_SWITCH}"
-                      f"_STOCHASTIC_ROUNDING=1 or additional_config {{\"{CONFIG_KEY}\": {{\"stochastic_rounding\": true}}}})")
+                      f"--enable-mamba-cache-stochastic-rounding (drop it; ssmstate's own is "
+                      f"{ENV_SWITCH}_STOCHASTIC_ROUNDING=1 or additional_config "
+                      f"{{\"{CONFIG_KEY}\": {{\"stochastic_rounding\": true}}}})")
     if pc.pipeline_parallel_size > 1:
         raise _refuse(f"pipeline parallelism (size {pc.pipeline_parallel_size}): every rank would commit",
                       "--pipeline-parallel-size 1")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = ("| vLLM | backend | state | K | compiled | case | tokens matched | max logprob error | drafted / accepted | "
-            "windows rejected whole | preemptions |")
+    head = ("| vLLM | backend | state | K | compiled | case | tokens matched | max logprob error | "
+            "drafted / accepted | windows rejected whole | preemptions |")
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for r in rows:
         p = r["plugin"]
