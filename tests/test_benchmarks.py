@@ -53,3 +53,20 @@ def test_bench_verify_quant_cpu_smoke(tmp_path: Path) -> None:
     assert sorted(got) == ["fp32", "int8"]
     assert got["int8"]["1"]["ours_nonflush_us"] > 0 and got["int8"]["1"]["ours_flush_us"] > 0
     assert "batch |    fp32 |    int8" in res.stdout
+
+
+def test_accuracy_drift_cpu_smoke(tmp_path: Path) -> None:
+    """The drift study on a tiny shape: every run against fp32, errors positive and ordered by resolution."""
+    out = tmp_path / "drift.json"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy_drift.py"), "--heads", "2",
+                          "--head-dim", "8", "--state", "16", "--batch", "2", "--steps", "120",
+                          "--dtypes", "fp16", "int8", "--json", str(out)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = {r["run"]: r for r in json.loads(out.read_text())["rows"]}
+    assert sorted(got) == ["fp16", "fp16+sr", "int8", "int8+sr"]
+    for r in got.values():
+        assert set(r["output_err"]) == {"100", "120"} and set(r["state_err"]) == {"100", "120"}
+        assert 0 < r["output_err"]["120"] <= r["output_err_max"] < 0.1
+    assert got["fp16"]["state_err"]["120"] < got["int8"]["state_err"]["120"]  # 11 mantissa bits vs 8-bit codes
+    assert "| int8+sr |" in res.stdout

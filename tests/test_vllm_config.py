@@ -279,7 +279,9 @@ def test_refuses_stochastic_rounding(sv, nemotron_dir):
         pytest.skip("this vLLM has no Mamba stochastic rounding")
     flag = "--enable-mamba-cache-stochastic-rounding"
     try:
-        _refusal(sv, flag, nemotron_dir, enable_mamba_cache_stochastic_rounding=True, mamba_ssm_cache_dtype="float16")
+        err = _refusal(sv, flag, nemotron_dir, enable_mamba_cache_stochastic_rounding=True,
+                       mamba_ssm_cache_dtype="float16")
+        assert "SSMSTATE_VLLM_STOCHASTIC_ROUNDING=1" in err.flag  # ssmstate's own, named in the refusal
     except ValueError as e:  # vLLM 0.34 refuses it off CUDA itself, before our hook: check a real config that has it
         assert "only supported on NVIDIA CUDA" in str(e)
         vc = build(nemotron_dir, mamba_ssm_cache_dtype="float16")
@@ -365,10 +367,49 @@ def test_additional_config_settings(sv, nemotron_dir):
     ({"windw": 8}, "unknown keys"),
     ({"window": "eight"}, "window must be an int"),
     ({"backend": "cuda"}, "backend must be"),
+    ({"state_dtype": "int4"}, "state_dtype must be one of"),
+    ({"state_dtype": 8}, "state_dtype must be one of"),
+    ({"stochastic_rounding": "sometimes"}, "stochastic_rounding must be a bool"),
 ])
 def test_additional_config_errors(sv, nemotron_dir, extra, match):
     with pytest.raises(UnsupportedConfigError, match=match):
         build(nemotron_dir, additional_config={"ssmstate": extra})
+
+
+@pytest.mark.parametrize(("value", "dtype"), [
+    ("int8", "int8"), ("fp8", "float8_e4m3fn"), ("float8_e4m3fn", "float8_e4m3fn"), ("bf16", "bfloat16"),
+    ("fp16", "float16"), ("fp32", "float32"), ("auto", None)])
+def test_state_dtype_setting(sv, nemotron_dir, monkeypatch, value, dtype):
+    """``state_dtype`` sets the checkpoint dtype (``auto``: vLLM's resolved SSM cache dtype, fp32 here);
+    its environment twin wins over additional_config."""
+    import torch
+
+    want = getattr(torch, dtype) if dtype else None
+    vc = build(nemotron_dir, additional_config={"ssmstate": {"state_dtype": value}})
+    settings = sv.check_config(vc)
+    assert settings.state_dtype == want and not settings.stochastic_rounding
+    assert sv.layout_from_vllm_config(vc).geometry.state_dtype == (want or torch.float32)
+    monkeypatch.setenv("SSMSTATE_VLLM_STATE_DTYPE", "int8")
+    assert sv.settings_from_vllm_config(vc).state_dtype == torch.int8
+    monkeypatch.setenv("SSMSTATE_VLLM_STATE_DTYPE", "int9")
+    with pytest.raises(ConfigError, match="state_dtype must be one of"):
+        sv.settings_from_vllm_config(vc)
+
+
+def test_stochastic_rounding_setting(sv, nemotron_dir, monkeypatch):
+    """On with a narrow checkpoint; refused with an fp32 one (nothing to round), naming the settings."""
+    vc = build(nemotron_dir, additional_config={"ssmstate": {"state_dtype": "int8", "stochastic_rounding": True}})
+    assert sv.check_config(vc).stochastic_rounding
+    for extra in ({"stochastic_rounding": True}, {"state_dtype": "fp32", "stochastic_rounding": True}):
+        with pytest.raises(UnsupportedConfigError, match="stochastic rounding needs a bf16, fp16, int8 or fp8") as info:
+            build(nemotron_dir, additional_config={"ssmstate": extra})
+        assert "SSMSTATE_VLLM_STATE_DTYPE" in info.value.flag and "stochastic_rounding" in info.value.flag
+    vc = build(nemotron_dir, additional_config={"ssmstate": {"state_dtype": "bf16"}})
+    monkeypatch.setenv("SSMSTATE_VLLM_STOCHASTIC_ROUNDING", "on")
+    assert sv.check_config(vc).stochastic_rounding
+    monkeypatch.setenv("SSMSTATE_VLLM_STOCHASTIC_ROUNDING", "often")
+    with pytest.raises(UnsupportedConfigError, match="stochastic_rounding must be a bool"):
+        sv.check_config(vc)
 
 
 def test_settings_parsed_only_when_on(sv, nemotron_dir, monkeypatch):

@@ -44,10 +44,37 @@ def results(tmp_path_factory):
     return data["results"]
 
 
+def _fp32(results):
+    return [r for r in results if r.get("state_dtype", "fp32") == "fp32"]
+
+
 def test_tokens_and_logprobs_match_hf(results):
-    for row in results:
+    for row in _fp32(results):
         assert row["tokens_matched"] == row["tokens"] and not row["mismatches"], row
         assert row["max_logprob_err"] <= 1e-3, row
+
+
+#: Greedy tokens of an 8-bit-state engine that must be HF's fp32 choice given the engine's own prefix.
+AGREEMENT_FLOOR = 0.95
+#: Largest |logprob - HF's fp32 logprob| of an 8-bit-state engine's tokens before its first difference
+#: (measured: 1.8e-4 int8, 5.2e-4 fp8; a state lost in the hand-over moves logprobs by O(1)).
+LOGPROB_BOUND_8BIT = 1e-2
+
+
+def test_8bit_state_agrees_with_the_fp32_path(results):
+    """int8 / fp8 checkpoints over long generations: the fraction of greedy tokens that are the fp32 model's
+    choice (HF, same prefix) and where the first difference falls; their run had chunked (staged) prefills."""
+    rows = [r for r in results if r.get("state_dtype", "fp32") != "fp32"]
+    assert {r["state_dtype"] for r in rows} == {"int8", "fp8"}
+    for row in rows:
+        first = [m["first_mismatch"] for m in row["mismatches"] if "first_mismatch" in m]
+        frac = row["tokens_agreeing"] / row["tokens"]
+        print(f"{row['state_dtype']}: {row['tokens_agreeing']}/{row['tokens']} tokens agree ({frac:.3f}), "
+              f"{row['tokens_matched']}/{row['tokens']} before the first difference; first differences at "
+              f"{first or 'none'}; max logprob error before it {row['max_logprob_err']:.1e}")
+        assert frac >= AGREEMENT_FLOOR, row
+        assert row["max_logprob_err"] <= LOGPROB_BOUND_8BIT, row
+        assert row["plugin"].get("continuing prefills", 0) > 0 and row["plugin"].get("windows", 0) > 0, row
 
 
 def _case(results, engine, case):

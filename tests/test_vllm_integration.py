@@ -93,7 +93,7 @@ class _Env:
         os.environ["SSMSTATE_VLLM"] = self.old if self.old is not None else "1"
 
 
-def make_config(model_dir: str, enabled: bool, max_model_len: int):
+def make_config(model_dir: str, enabled: bool, max_model_len: int, **extra):
     """A VllmConfig as vLLM's CUDA platform would finish it, ngram spec decode with K=3."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.platforms.interface import Platform
@@ -104,7 +104,7 @@ def make_config(model_dir: str, enabled: bool, max_model_len: int):
             model=model_dir, skip_tokenizer_init=True, max_model_len=max_model_len, enable_prefix_caching=False,
             enforce_eager=True,
             speculative_config={"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 4,
-                                "prompt_lookup_min": 2},
+                                "prompt_lookup_min": 2}, **extra,
         )
         vc = args.create_engine_config()
         vc.scheduler_config.disable_hybrid_kv_cache_manager = False  # CudaPlatform.support_hybrid_kv_cache()
@@ -179,6 +179,56 @@ def test_spec_page_is_the_layout_page_on_both_sizing_paths(vllm_mod, configs):
         type(spec)(shapes=spec.shapes, dtypes=spec.dtypes, block_size=spec.block_size, num_speculative_blocks=K)
     # Stock vLLM config sizing is untouched when the switch is off.
     assert configs[(False, 8192)].cache_config.block_size == plan.vllm_native.block_size
+
+
+@pytest.mark.parametrize("state_dtype", ["int8", "fp8", "bf16"])
+def test_narrow_checkpoint_page_agrees_to_the_byte(vllm_mod, model_dir, state_dtype):
+    """``state_dtype`` in additional_config: vLLM's spec, its config-time page, the layer page, the pool and the
+    views carved from vLLM's raw page all hold the same tensors at the same bytes, scales included."""
+    sv = vllm_mod
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from ssmstate.cache import StateCache
+    from ssmstate.dtypes import to_dtype
+    from ssmstate.layout import CURSOR_BYTES_PER_PAGE, SCALE_NAME
+
+    vc = make_config(model_dir, True, 8192, additional_config={"ssmstate": {"state_dtype": state_dtype}})
+    dtype = to_dtype(state_dtype)
+    assert sv.check_config(vc).state_dtype == dtype
+    layout = sv.layout_from_vllm_config(vc)
+    spec = our_spec(sv, vc)
+    names = [t.name for t in layout.tensors]
+    eight_bit = state_dtype in ("int8", "fp8")
+    assert names[:2] == (["checkpoint", SCALE_NAME] if eight_bit else ["checkpoint", "x_ring"])
+    assert spec.dtypes[0] == dtype and spec.real_page_size_bytes == layout.layer_page_bytes
+    H, P, N = 128, 64, 128  # Nemotron-H-8B, one rank
+    ring_and_conv = 4716544 - H * P * N * 4  # the fp32 page less its checkpoint
+    want = H * P * N * dtype.itemsize + (H * P * 4 if eight_bit else 0) + ring_and_conv
+    assert layout.layer_page_bytes == want
+    cls, _ = ModelRegistry.resolve_model_cls(vc.model_config.architecture, model_config=vc.model_config)
+    config_page = MambaSpec(shapes=cls.get_mamba_state_shape_from_config(vc),
+                            dtypes=cls.get_mamba_state_dtype_from_config(vc), block_size=-1).page_size_bytes
+    assert config_page == layout.layer_page_bytes
+    assert vc.cache_config.mamba_page_size_padded == spec.page_size_bytes >= layout.layer_page_bytes
+    # vLLM's raw page (padded to the attention page) carved into views: every tensor where the layout puts it.
+    blocks = 3
+    raw = torch.zeros((blocks, 1, 1, spec.page_size_bytes), dtype=torch.int8)
+    views = sv.page_views(layout, raw)
+    offset = 0
+    for t in layout.tensors:
+        v = views[t.name]
+        assert v.dtype == t.dtype and tuple(v.shape) == (blocks, *t.shape), t
+        assert v.data_ptr() - raw.data_ptr() == offset and v.stride(0) == spec.page_size_bytes // t.dtype.itemsize
+        offset += t.nbytes
+    assert offset == layout.layer_page_bytes
+    # the pool ssmstate allocates on its own: the same page, plus the cursors
+    pool = StateCache(layout, 2, "cpu")
+    assert layout.allocated_bytes_per_page == layout.layer_page_bytes + CURSOR_BYTES_PER_PAGE
+    assert pool.nbytes == 2 * layout.allocated_bytes_per_page
+    assert all(pool.layers[0][t.name].dtype == t.dtype for t in layout.tensors)
+    print(f"{state_dtype}: page {layout.layer_page_bytes} B ({layout.layer_page_bytes / 4716544:.3f}x the fp32 "
+          f"page), vLLM block {vc.cache_config.block_size} tokens, padded page {spec.page_size_bytes} B")
 
 
 def test_entry_point_declared_and_loadable(vllm_mod):
@@ -824,20 +874,28 @@ def test_real_mixer_layers_decode_through_ssmstate(vllm_mod, tmp_path):
 
 # -- vLLM's real prefill kernels and ssmstate on the same pages ----------------------------------------
 
-@pytest.mark.parametrize("backend,layout,K", [("reference", "DS", 3), ("triton", "SD", 0)])
-def test_real_prefill_kernels_hand_over_to_ssmstate(backend, layout, K):
+@pytest.mark.parametrize("backend,layout,K,state", [
+    ("reference", "DS", 3, None), ("triton", "SD", 0, None),
+    ("reference", "DS", 3, "int8"), ("reference", "SD", 3, "fp8+sr")])
+def test_real_prefill_kernels_hand_over_to_ssmstate(backend, layout, K, state):
     """vLLM's ``causal_conv1d_fn`` and chunked scan (interpreted) write prefills into our pages, ssmstate's
     conv + verify continue them, and back: every output row matches the serial oracle, through fresh
     prefills on garbage pages, continuing chunks, one-token decode-row tails, recomputed requests,
     recycled blocks, both conv layouts, K = 0, and dry double forwards on the null block that leave
-    every page and cursor as they were. A fresh process: vLLM decides at import whether Triton is usable."""
+    every page and cursor as they were. An 8-bit state (``state``; W = 4, so verify rows flush often) prefills
+    through fp32 staging copies: outputs still match the oracle exactly, and every stored state is within one
+    rounding step of the oracle's, which then continues from it. A fresh process: vLLM decides at import
+    whether Triton is usable."""
     import subprocess
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SSMSTATE_VLLM")}
+    extra = []
+    if state is not None:
+        extra = ["--state-dtype", state.removesuffix("+sr"), "--window", "4"] + (["--sr"] if "+sr" in state else [])
     proc = subprocess.run([sys.executable, str(root / "tests" / "vllm_engine" / "prefill_handover.py"),
-                           "--backend", backend, "--layout", layout, "--K", str(K)],
+                           "--backend", backend, "--layout", layout, "--K", str(K), *extra],
                           capture_output=True, text=True, env=env, timeout=900)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -849,3 +907,7 @@ def test_real_prefill_kernels_hand_over_to_ssmstate(backend, layout, K):
         assert got[key] > 0, (key, got)
     if K:  # at K = 0 every row is one token and accepted: no verify window, no rejected tail
         assert got["verify_rows"] > 0 and got["prefill_after_rejected_tail"] > 0, got
+    if state is not None:  # quantized writes happened (staged prefills, flushes) and were checked
+        assert got["state_dtype"] == {"int8": "int8", "fp8": "float8_e4m3fn"}[state.removesuffix("+sr")], got
+        assert got["stochastic_rounding"] == ("+sr" in state), got
+        assert got["flush_rows"] > 0 and got["states_synced"] > 0 and got["max_state_rounding"] > 0, got

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import torch
 
+from ssmstate.dtypes import is_quantized
+from ssmstate.layout import SCALE_NAME
 from ssmstate.manager import StateManager
+from ssmstate.ops.quant import dequantize, quantize
+
+
+def manager_sr_seed(manager: StateManager) -> torch.Tensor | None:
+    """The manager's device seed when it rounds checkpoints stochastically, else None."""
+    return manager.cache.checkpoint_seed
 
 
 def prefill_conv_view(conv: torch.Tensor, conv_kernel: int, dim_first: bool) -> torch.Tensor:
@@ -60,3 +68,56 @@ def settle_conv_history(manager: StateManager, page_ids: torch.Tensor) -> None:
         hist = torch.gather(window, 2, cols[:, None, :].expand(-1, dim, -1))
         conv[p, :, width - k1:] = torch.where(live, hist, window[:, :, width - k1:])
     cache.conv_shift[p] = torch.where(p != 0, torch.zeros_like(shift), shift)
+
+
+# -- staged prefills: a checkpoint the engine's kernels cannot write (8-bit, or stochastically rounded) --
+
+def needs_staging(manager: StateManager) -> bool:
+    """True when an engine's prefill kernels cannot write the checkpoint themselves.
+
+    They write the final state with a plain cast into the tensor they are given: right for an fp32,
+    bf16 or fp16 checkpoint rounded to nearest, wrong for an 8-bit one (codes + scales) or for
+    stochastic rounding. Those prefill into an fp32 staging state that :func:`store_staged` encodes.
+    """
+    return is_quantized(manager.geometry.state_dtype) or manager_sr_seed(manager) is not None
+
+
+def stage_checkpoints(manager: StateManager, layer: int, page_ids: torch.Tensor,
+                      has_state: torch.Tensor | None) -> torch.Tensor:
+    """The fp32 state each prefill row starts from: its decoded checkpoint, or zeros for a fresh row.
+
+    Call after :meth:`StateManager.materialize_pages` folded the continuing rows' ring rows in. A fresh
+    row's page may hold an earlier owner's bytes (garbage codes, an inf scale): ``where`` drops them.
+
+    Args:
+        page_ids: (n,) int32 pages of the prefill rows, on the manager's device.
+        has_state: (n,) bool, the rows that continue a request (None: none do).
+    Returns:
+        (n, H, P, N) fp32, a new tensor the engine's prefill reads and overwrites.
+    """
+    t = manager.cache.layers[layer]
+    p = page_ids.long()
+    scale = t[SCALE_NAME][p] if SCALE_NAME in t else None
+    state = dequantize(t["checkpoint"][p], scale)
+    if has_state is None:
+        return torch.zeros_like(state)
+    return torch.where(has_state[:, None, None, None], state, torch.zeros_like(state))
+
+
+def store_staged(manager: StateManager, layer: int, page_ids: torch.Tensor, staged: torch.Tensor) -> None:
+    """Encode the staged prefill states into their pages' checkpoints (and scales), on the device.
+
+    The same :func:`~ssmstate.ops.quant.quantize` every checkpoint write uses, stochastic when the
+    manager rounds stochastically; rows on page 0 (the null page) write its own bytes back.
+
+    Args:
+        page_ids: (n,) int32 pages. staged: (n, H, P, N) fp32 from :func:`stage_checkpoints`, after the prefill.
+    """
+    t = manager.cache.layers[layer]
+    p = page_ids.long()
+    stored, scale = quantize(staged, manager.geometry.state_dtype, seed=manager_sr_seed(manager), layer=layer,
+                             pages=p)
+    live = (p != 0)[:, None, None]
+    t["checkpoint"][p] = torch.where(live[..., None], stored, t["checkpoint"][p])
+    if scale is not None:
+        t[SCALE_NAME][p] = torch.where(live, scale, t[SCALE_NAME][p])

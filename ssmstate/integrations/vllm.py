@@ -64,7 +64,14 @@ from vllm.v1.worker.gpu.model_states.mamba_hybrid import MambaHybridModelState
 
 from ssmstate.cache import StateCache
 from ssmstate.errors import ConfigError, SSMStateError
-from ssmstate.integrations.prefill import prefill_conv_view, settle_conv_history
+from ssmstate.integrations.engine_pages import page_views, plan_from_mamba2_metadata  # noqa: F401  (re-exported)
+from ssmstate.integrations.prefill import (
+    needs_staging,
+    prefill_conv_view,
+    settle_conv_history,
+    stage_checkpoints,
+    store_staged,
+)
 from ssmstate.integrations.vllm_config import (  # the configuration side; its names are re-exported here
     CONFIG_KEY,  # noqa: F401
     CONFIG_SETTINGS,  # noqa: F401
@@ -72,6 +79,7 @@ from ssmstate.integrations.vllm_config import (  # the configuration side; its n
     SUPPORTED_ARCHITECTURES,
     VllmSettings,  # noqa: F401
     check_config,  # noqa: F401
+    checkpoint_dtype,
     is_enabled,
     layout_for,
     layout_from_vllm_config,
@@ -131,32 +139,6 @@ def spec_from_layout(layout: PageLayout, vllm_config: VllmConfig) -> SSMStateMam
     )
 
 
-def page_views(layout: PageLayout, raw: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Named per-layer views into vLLM's raw pages, in :attr:`PageLayout.tensors` order.
-
-    Args:
-        raw: vLLM's ``(num_blocks, 1, 1, page_bytes)`` (or ``(num_blocks, page_bytes)``) int8 view
-            of one layer; ``page_bytes`` may include padding up to the attention page.
-    Returns:
-        name -> ``(num_blocks, *shape)`` typed view (strided by the page), as
-        vLLM's ``MambaBase.bind_kv_cache`` slices them.
-    """
-    # squeeze, never reshape: a copy would silently detach our views from vLLM's memory.
-    pages = raw.squeeze(dim=(1, 2)) if raw.dim() == 4 else raw
-    if pages.dim() != 2 or pages.stride(-1) != 1:
-        raise SSMStateError(f"raw pages must be (blocks, 1, 1, bytes) or (blocks, bytes), got {tuple(raw.shape)}")
-    if pages.dtype != torch.int8 or pages.shape[1] < layout.layer_page_bytes:
-        raise SSMStateError(f"raw pages must be int8 with at least {layout.layer_page_bytes} bytes per block")
-    views: dict[str, torch.Tensor] = {}
-    offset = 0
-    for t in layout.tensors:
-        if offset % t.dtype.itemsize:
-            raise SSMStateError(f"{t.name} would start at byte {offset}, not a multiple of its {t.dtype} size")
-        views[t.name] = pages[:, offset: offset + t.nbytes].view(t.dtype).view(-1, *t.shape)
-        offset += t.nbytes
-    return views
-
-
 # -- model class: config-time shape hooks and the model-state hook -------------------
 
 class SSMStateNemotronHForCausalLM(NemotronHForCausalLM):
@@ -197,13 +179,15 @@ class SSMStateMambaMixer2(MambaMixer2):
         #: set by :class:`VllmStateRuntime`: (group, index of this layer in the group).
         self.ssmstate_slot: tuple[_GroupState, int] | None = None
         self.ssmstate_views: dict[str, torch.Tensor] = {}
+        self.ssmstate_prefill_conv: torch.Tensor | None = None
         if self.ssmstate_enabled:
-            conv, ssm, act = mamba2_dtypes(cfg)
+            conv, _, act = mamba2_dtypes(cfg)
+            settings = settings_from_vllm_config(cfg)
             self.ssmstate_layout = layout_for(
                 num_heads=self.num_heads, head_dim=self.head_dim, state_size=self.ssm_state_size,
                 n_groups=self.n_groups, conv_kernel=self.conv_kernel_size, tp_size=self.tp_size,
-                ssm_dtype=ssm, act_dtype=act, conv_dtype=conv, num_speculative_tokens=self.num_spec,
-                window=settings_from_vllm_config(cfg).window,
+                ssm_dtype=checkpoint_dtype(cfg, settings), act_dtype=act, conv_dtype=conv,
+                num_speculative_tokens=self.num_spec, window=settings.window,
             )
             config_layout = layout_from_vllm_config(cfg)
             if config_layout.layer_page_bytes != self.ssmstate_layout.layer_page_bytes:
@@ -232,9 +216,9 @@ class SSMStateMambaMixer2(MambaMixer2):
         if self.ssmstate_layout is None:
             return super().bind_kv_cache(kv_cache)
         self.ssmstate_views = page_views(self.ssmstate_layout, kv_cache)
-        self.kv_cache = (prefill_conv_view(self.ssmstate_views["conv"], self.conv_kernel_size,
-                                           is_conv_state_dim_first()),
-                         self.ssmstate_views["checkpoint"])
+        self.ssmstate_prefill_conv = prefill_conv_view(self.ssmstate_views["conv"], self.conv_kernel_size,
+                                                       is_conv_state_dim_first())
+        self.kv_cache = (self.ssmstate_prefill_conv, self.ssmstate_views["checkpoint"])
 
     def conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.Tensor) -> None:
         if self.ssmstate_layout is None:
@@ -243,19 +227,55 @@ class SSMStateMambaMixer2(MambaMixer2):
         if md_all is not None and not isinstance(md_all, dict):
             raise SSMStateError("ssmstate needs one attention-metadata dict per step (micro-batching is unsupported)")
         md = md_all.get(self.prefix) if md_all is not None else None
-        if md is None or md.num_decodes == 0:
+        staged = self.ssmstate_slot is not None and needs_staging(self.ssmstate_slot[0].manager)
+        if md is None or (md.num_decodes == 0 and not staged):
             return super().conv_ssm_forward(projected_states, output)
         nd = md.num_decode_tokens
         if md.num_prefills > 0:
-            # vLLM's own prefill path on our checkpoint/conv views, over the prefill tokens only.
+            # vLLM's own prefill path on our checkpoint/conv views (or staged copies), prefill tokens only.
             md_all[self.prefix] = dataclasses.replace(
                 md, num_decodes=0, num_decode_tokens=0, state_indices_tensor_d=None, query_start_loc_d=None,
                 num_accepted_tokens=None)
             try:
-                super().conv_ssm_forward(projected_states[nd:], output[nd:])
+                if staged:
+                    self.ssmstate_staged_prefill(projected_states[nd:], output[nd:], md_all, md)
+                else:
+                    super().conv_ssm_forward(projected_states[nd:], output[nd:])
             finally:
                 md_all[self.prefix] = md
-        self.ssmstate_decode(projected_states[:nd], output[:nd])
+        if md.num_decodes > 0:
+            self.ssmstate_decode(projected_states[:nd], output[:nd])
+
+    def ssmstate_staged_prefill(self, projected_states: torch.Tensor, output: torch.Tensor,
+                                md_all: dict[str, Any], md: Any) -> None:
+        """vLLM's prefill kernels on fp32 staging copies of the rows' states; then ssmstate encodes them.
+
+        vLLM's kernels write a plain cast of the final state into the tensor they get: they cannot
+        write 8-bit codes with scales, nor round stochastically. Each prefill row's state is decoded
+        into an ``(1 + n, H, P, N)`` fp32 staging tensor and its conv history copied out; the prefill runs
+        on those (state indices 1..n: vLLM's kernels skip index 0, its null block); the result is encoded
+        back (``store_staged``, which leaves the null page alone) and the history copied back. All on the
+        device, no host sync; the staging lives for this call only.
+        """
+        group, index = self.ssmstate_slot  # type: ignore[misc]
+        sid = md.state_indices_tensor_p
+        # staging row 0 stands for vLLM's null block (its kernels skip index 0): the rows go to 1..n
+        p = torch.cat([torch.zeros_like(sid[:1]), sid]).long()
+        has = md.has_initial_states_p
+        has = None if has is None else torch.cat([torch.zeros_like(has[:1]), has])
+        conv_view = self.ssmstate_prefill_conv
+        ssm_stage = stage_checkpoints(group.manager, index, p.to(torch.int32), has)
+        conv_stage = conv_view[p]
+        md_all[self.prefix] = dataclasses.replace(md_all[self.prefix], state_indices_tensor_p=torch.arange(
+            1, sid.shape[0] + 1, dtype=sid.dtype, device=sid.device))
+        self.kv_cache = (conv_stage, ssm_stage)
+        try:
+            super().conv_ssm_forward(projected_states, output)
+        finally:
+            self.kv_cache = (conv_view, self.ssmstate_views["checkpoint"])
+        live = (p != 0).view(-1, *([1] * (conv_stage.dim() - 1)))
+        conv_view[p] = torch.where(live, conv_stage, conv_view[p])
+        store_staged(group.manager, index, p.to(torch.int32), ssm_stage)
 
     def ssmstate_decode(self, projected_states: torch.Tensor, output: torch.Tensor) -> None:
         """Decode/verify rows: conv + SSM through the group's :class:`StateManager` and open plan."""
@@ -298,48 +318,15 @@ class _GroupState:
     dry: bool = False
 
 
-def plan_from_mamba2_metadata(manager: StateManager, metadata: Any,
-                              query_start_loc_cpu: torch.Tensor | None = None, dry: bool = False) -> StepPlan | None:
-    """Open a :class:`StepPlan` for the decode rows of vLLM's Mamba2 metadata; no host sync.
-
-    Uses ``state_indices_tensor_d[:, 0]`` (one block per request: our page) and
-    ``query_start_loc_d``; rows past ``num_decodes`` are CUDA-graph padding on
-    ``NULL_BLOCK_ID`` (0). Without spec decode (K = 0) vLLM leaves
-    ``query_start_loc_d`` unset and every decode row is one token. Host row
-    lengths come from ``query_start_loc_cpu`` (the batch's CPU query starts,
-    decodes first) when given. ``dry`` (a dummy, profile or capture forward)
-    puts every row on the null page, so its kernels run and write nothing.
-
-    Returns None when the batch has no decode rows.
-    """
-    sid = metadata.state_indices_tensor_d
-    if metadata.num_decodes == 0 or sid is None or sid.shape[0] == 0:
-        return None
-    rows = sid.shape[0]
-    nd, total = metadata.num_decodes, metadata.num_decode_tokens
-    qsl = metadata.query_start_loc_d
-    if qsl is None:
-        if total != nd:
-            raise SSMStateError(f"Mamba2 metadata has {nd} decode rows of {total} tokens but no query_start_loc_d")
-        qsl = torch.arange(rows + 1, dtype=torch.int32, device=sid.device).clamp_(max=total)
-    num_tokens = None
-    if query_start_loc_cpu is not None:
-        host = query_start_loc_cpu[: nd + 1].tolist()
-        num_tokens = [b - a for a, b in zip(host, host[1:])] + [0] * (rows - nd)
-    T = manager.layout.spec.num_tokens
-    pages = torch.zeros_like(sid[:, 0]) if dry else sid[:, 0]
-    return manager.begin_step_from_tensors(pages, qsl[: rows + 1], total_tokens=total, max_seqlen=T,
-                                           num_tokens=num_tokens)
-
-
 def attach_group(group_id: int, layer_names: list[str], layer_layout: PageLayout,
                  views: Sequence[dict[str, torch.Tensor]], cursors: torch.Tensor, device: torch.device,
-                 backend: str, max_batch: int, backend_options: Mapping[str, Any] | None = None) -> _GroupState:
+                 backend: str, max_batch: int, backend_options: Mapping[str, Any] | None = None,
+                 stochastic_rounding: bool = False, seed: int = 0) -> _GroupState:
     """A :class:`StateManager` over one KV-cache group's page views (vLLM's block ids = pages)."""
     layout = PageLayout.replay(attrs.evolve(layer_layout.geometry, num_layers=len(views)), layer_layout.spec)
     cache = StateCache.from_tensors(layout, list(views), cursors)
     manager = StateManager(layout, cursors.shape[1], device, backend=backend, max_batch=max_batch, cache=cache,
-                           backend_options=backend_options)
+                           backend_options=backend_options, stochastic_rounding=stochastic_rounding, seed=seed)
     return _GroupState(group_id, layer_names, manager)
 
 
@@ -364,7 +351,8 @@ class VllmStateRuntime:
     @classmethod
     def from_kv_cache_config(cls, kv_cache_config: KVCacheConfig, layers: Mapping[str, Any],
                              device: torch.device, backend: str, max_batch: int,
-                             backend_options: Mapping[str, Any] | None = None) -> "VllmStateRuntime":
+                             backend_options: Mapping[str, Any] | None = None,
+                             stochastic_rounding: bool = False, seed: int = 0) -> "VllmStateRuntime":
         """Attach to every :class:`SSMStateMambaSpec` group of a worker whose layers are bound."""
         device = torch.device(device)
         num_blocks = kv_cache_config.num_blocks
@@ -376,7 +364,7 @@ class VllmStateRuntime:
             group_layers = [layers[name] for name in group.layer_names]
             state = attach_group(gid, list(group.layer_names), group_layers[0].ssmstate_layout,
                                  [lyr.ssmstate_views for lyr in group_layers], cursors, device, backend, max_batch,
-                                 backend_options)
+                                 backend_options, stochastic_rounding, seed + gid)
             for i, lyr in enumerate(group_layers):
                 lyr.ssmstate_slot = (state, i)
             groups.append(state)
@@ -426,6 +414,7 @@ class VllmStateRuntime:
         group.manager.materialize_pages(continuing)
         settle_conv_history(group.manager, continuing)
         group.manager.reset_cursors(torch.where(has_state, zero, sid))
+        group.manager.cache.advance_seed()  # staged prefill writes draw fresh bits even in prefill-only steps
 
     @staticmethod
     def _close_unsampled(group: _GroupState) -> None:
@@ -496,9 +485,11 @@ class SSMStateModelState(MambaHybridModelState):
         super().initialize_kv_cache(kv_cache_config, block_tables)
         settings = settings_from_vllm_config(self.vllm_config)
         layers = self.vllm_config.compilation_config.static_forward_context
-        self.ssmstate = VllmStateRuntime.from_kv_cache_config(kv_cache_config, layers, self.device,
-                                                              settings.backend, max_batch=self.max_num_reqs,
-                                                              backend_options=settings.backend_options)
+        seed = self.vllm_config.model_config.seed
+        self.ssmstate = VllmStateRuntime.from_kv_cache_config(
+            kv_cache_config, layers, self.device, settings.backend, max_batch=self.max_num_reqs,
+            backend_options=settings.backend_options, stochastic_rounding=settings.stochastic_rounding,
+            seed=seed if isinstance(seed, int) else 0)
         for block_ids in self._pending_blocks:
             self.ssmstate.reset_blocks(block_ids)
         self._pending_blocks.clear()

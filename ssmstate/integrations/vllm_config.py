@@ -39,11 +39,20 @@ def _stochastic_rounding(vllm_config: VllmConfig) -> bool:
     return bool(getattr(mamba, "enable_stochastic_rounding", False))
 
 
-#: ``--additional-config`` key: ``{"ssmstate": {"window": 16, "backend": "triton", "pdl": false}}``.
+#: ``--additional-config`` key: ``{"ssmstate": {"window": 16, "backend": "triton", "pdl": false,
+#: "state_dtype": "int8", "stochastic_rounding": false}}``.
 #: It carries settings only: the switch is :data:`ENV_SWITCH`, because vLLM loads plugins before any config.
 CONFIG_KEY = "ssmstate"
 #: The keys ``additional_config["ssmstate"]`` may hold.
-CONFIG_SETTINGS = ("window", "backend", "pdl")
+CONFIG_SETTINGS = ("window", "backend", "pdl", "state_dtype", "stochastic_rounding")
+#: ``state_dtype`` values: the checkpoint dtype (``"auto"``: the SSM cache dtype vLLM resolves).
+STATE_DTYPE_NAMES: dict[str, torch.dtype] = {
+    "fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp16": torch.float16, "float16": torch.float16, "int8": torch.int8,
+    "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn,
+}
+#: Checkpoint dtypes stored as 8-bit codes with an fp32 decode scale per (page, head, head-dim row).
+EIGHT_BIT_DTYPES = (torch.int8, torch.float8_e4m3fn)
 #: Architectures whose config-time page sizing the plugin overrides (the layer hook alone is not enough).
 SUPPORTED_ARCHITECTURES = ("NemotronHForCausalLM",)
 #: Other architectures of vLLM whose models build ``MambaMixer2``: refused at config time while the switch is on
@@ -67,12 +76,17 @@ class VllmSettings:
         backend: ssmstate backend for verify/conv/commit ("triton" on GPU, "reference" anywhere).
         pdl: with "triton", each layer's conv and verify launch as programmatic dependents
             (:class:`~ssmstate.backends.triton.TritonBackend`); off by default.
+        state_dtype: the checkpoint dtype (fp32, bf16, fp16, int8 or fp8_e4m3fn); None: the SSM cache
+            dtype vLLM resolves (``--mamba-ssm-cache-dtype``, fp32 for Nemotron-H).
+        stochastic_rounding: round every checkpoint write stochastically (bf16, fp16, int8, fp8 only).
     """
 
     enabled: bool = False
     window: int = 16
     backend: str = "triton"
     pdl: bool = False
+    state_dtype: torch.dtype | None = None
+    stochastic_rounding: bool = False
 
     @property
     def backend_options(self) -> dict[str, Any] | None:
@@ -80,8 +94,26 @@ class VllmSettings:
         return {"pdl": True} if self.pdl else None
 
 
-def _truthy(value: object) -> bool:
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
+_BOOL_WORDS = ("0", "1", "true", "false", "yes", "no", "on", "off")
+
+
+def _flag(name: str, raw: object) -> bool:
+    """A bool setting: a bool, or one of :data:`_BOOL_WORDS` (from the environment)."""
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in _BOOL_WORDS:
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    raise ConfigError(f"ssmstate {name} must be a bool (or 0/1, true/false, yes/no, on/off), got {raw!r}")
+
+
+def _state_dtype(raw: object) -> torch.dtype | None:
+    """The ``state_dtype`` setting: a name of :data:`STATE_DTYPE_NAMES`, or "auto" (None)."""
+    key = raw.strip().lower() if isinstance(raw, str) else None
+    if key == "auto" or raw is None:
+        return None
+    if key in STATE_DTYPE_NAMES:
+        return STATE_DTYPE_NAMES[key]
+    raise ConfigError(f"ssmstate state_dtype must be one of auto, fp32, bf16, fp16, int8, fp8, got {raw!r}")
 
 
 def _config_settings(vllm_config: VllmConfig | None) -> Mapping[str, Any]:
@@ -107,8 +139,9 @@ def _config_settings(vllm_config: VllmConfig | None) -> Mapping[str, Any]:
 def settings_from_vllm_config(vllm_config: VllmConfig | None) -> VllmSettings:
     """The settings, read only while the switch is on (off: the defaults, nothing parsed).
 
-    ``SSMSTATE_VLLM_WINDOW``, ``SSMSTATE_VLLM_BACKEND`` and ``SSMSTATE_VLLM_PDL``
-    override ``additional_config["ssmstate"]``'s window, backend and pdl.
+    ``SSMSTATE_VLLM_WINDOW``, ``SSMSTATE_VLLM_BACKEND``, ``SSMSTATE_VLLM_PDL``,
+    ``SSMSTATE_VLLM_STATE_DTYPE`` and ``SSMSTATE_VLLM_STOCHASTIC_ROUNDING`` override
+    ``additional_config["ssmstate"]``'s window, backend, pdl, state_dtype and stochastic_rounding.
     """
     if not switch_on():
         return VllmSettings(enabled=False)
@@ -121,16 +154,14 @@ def settings_from_vllm_config(vllm_config: VllmConfig | None) -> VllmSettings:
     backend = str(os.environ.get(f"{ENV_SWITCH}_BACKEND", extra.get("backend", "triton")))
     if backend not in ("triton", "flashinfer", "reference"):
         raise ConfigError(f"ssmstate backend must be 'triton', 'flashinfer' or 'reference', got {backend!r}")
-    raw_pdl = os.environ.get(f"{ENV_SWITCH}_PDL", extra.get("pdl", False))
-    if isinstance(raw_pdl, str) and raw_pdl.strip().lower() in ("0", "1", "true", "false", "yes", "no", "on", "off"):
-        pdl = _truthy(raw_pdl)
-    elif isinstance(raw_pdl, bool):
-        pdl = raw_pdl
-    else:
-        raise ConfigError(f"ssmstate pdl must be a bool (or 0/1, true/false, yes/no, on/off), got {raw_pdl!r}")
+    pdl = _flag("pdl", os.environ.get(f"{ENV_SWITCH}_PDL", extra.get("pdl", False)))
     if pdl and backend != "triton":
         raise ConfigError(f"ssmstate pdl needs the triton backend, got backend {backend!r}")
-    return VllmSettings(enabled=True, window=window, backend=backend, pdl=pdl)
+    state_dtype = _state_dtype(os.environ.get(f"{ENV_SWITCH}_STATE_DTYPE", extra.get("state_dtype", "auto")))
+    sr = _flag("stochastic_rounding", os.environ.get(f"{ENV_SWITCH}_STOCHASTIC_ROUNDING",
+                                                     extra.get("stochastic_rounding", False)))
+    return VllmSettings(enabled=True, window=window, backend=backend, pdl=pdl, state_dtype=state_dtype,
+                        stochastic_rounding=sr)
 
 
 # -- refusals: every configuration the plugin cannot serve --------------------------------
@@ -149,8 +180,11 @@ def _draft_has_mamba_layers(vllm_config: VllmConfig) -> bool:
 
 
 #: Where the settings come from, named in the errors about them.
-_SETTINGS_FLAGS = (f"{ENV_SWITCH}_WINDOW / {ENV_SWITCH}_BACKEND / {ENV_SWITCH}_PDL or "
-                   f"--additional-config '{{\"{CONFIG_KEY}\": {{...}}}}'")
+_SETTINGS_FLAGS = (f"{ENV_SWITCH}_WINDOW / {ENV_SWITCH}_BACKEND / {ENV_SWITCH}_PDL / {ENV_SWITCH}_STATE_DTYPE / "
+                   f"{ENV_SWITCH}_STOCHASTIC_ROUNDING or --additional-config '{{\"{CONFIG_KEY}\": {{...}}}}'")
+#: What picks the checkpoint dtype and its rounding.
+_DTYPE_FLAGS = (f"{ENV_SWITCH}_STATE_DTYPE / {ENV_SWITCH}_STOCHASTIC_ROUNDING or --additional-config "
+                f"'{{\"{CONFIG_KEY}\": {{\"state_dtype\": ..., \"stochastic_rounding\": ...}}}}'")
 #: What sizes the replay layout: K (the drafter's tokens) and the window.
 _LAYOUT_FLAGS = f"--speculative-config num_speculative_tokens (K) or {ENV_SWITCH}_WINDOW (W >= 1 + K)"
 
@@ -173,6 +207,10 @@ def check_config(vllm_config: VllmConfig) -> VllmSettings:
     except ConfigError as e:
         raise UnsupportedConfigError(f"ssmstate settings: {e}", flag=_SETTINGS_FLAGS) from e
     _refuse_unsupported(vllm_config)
+    if settings.stochastic_rounding and checkpoint_dtype(vllm_config, settings) == torch.float32:
+        raise UnsupportedConfigError(
+            f"{ENV_SWITCH}=1: stochastic rounding needs a bf16, fp16, int8 or fp8 checkpoint, got fp32 "
+            f"(state_dtype {'auto' if settings.state_dtype is None else settings.state_dtype})", flag=_DTYPE_FLAGS)
     try:
         layout_from_vllm_config(vllm_config, settings=settings)
     except ConfigError as e:
@@ -195,8 +233,10 @@ def _refuse_unsupported(vllm_config: VllmConfig) -> None:
                       f"{cc.mamba_cache_mode!r}): a page holds one live state, no block-boundary checkpoints",
                       "--no-enable-prefix-caching")
     if _stochastic_rounding(vllm_config):
-        raise _refuse("stochastic rounding of the Mamba state (its commit rounds to nearest)",
-                      "--enable-mamba-cache-stochastic-rounding (drop it)")
+        raise _refuse("vLLM's stochastic rounding of the Mamba state (ssmstate writes the checkpoint itself)",
+                      f"--enable-mamba-cache-stochastic-rounding (drop it; ssmstate's own is "
+                      f"{ENV_SWITCH}_STOCHASTIC_ROUNDING=1 or additional_config "
+                      f"{{\"{CONFIG_KEY}\": {{\"stochastic_rounding\": true}}}})")
     if pc.pipeline_parallel_size > 1:
         raise _refuse(f"pipeline parallelism (size {pc.pipeline_parallel_size}): every rank would commit",
                       "--pipeline-parallel-size 1")
@@ -253,6 +293,12 @@ def mamba2_dtypes(vllm_config: VllmConfig) -> tuple[torch.dtype, torch.dtype, to
     return conv, ssm, mc.dtype
 
 
+def checkpoint_dtype(vllm_config: VllmConfig, settings: VllmSettings | None = None) -> torch.dtype:
+    """The checkpoint dtype: the ``state_dtype`` setting, else the SSM cache dtype vLLM resolves."""
+    settings = settings or settings_from_vllm_config(vllm_config)
+    return settings.state_dtype if settings.state_dtype is not None else mamba2_dtypes(vllm_config)[1]
+
+
 def _padded_groups(n_groups: int, tp_size: int) -> int:
     if n_groups % tp_size == 0:
         return n_groups
@@ -264,13 +310,14 @@ def layout_from_vllm_config(vllm_config: VllmConfig, num_layers: int = 1,
     """The per-layer page layout of a NemotronH config (config-time path)."""
     hf = vllm_config.model_config.hf_config
     tp = vllm_config.parallel_config.tensor_parallel_size
-    conv, ssm, act = mamba2_dtypes(vllm_config)
+    settings = settings or settings_from_vllm_config(vllm_config)
+    conv, _, act = mamba2_dtypes(vllm_config)
     return layout_for(
         num_heads=hf.mamba_num_heads, head_dim=hf.mamba_head_dim, state_size=hf.ssm_state_size,
         n_groups=_padded_groups(hf.n_groups, tp), conv_kernel=hf.conv_kernel, tp_size=tp,
-        ssm_dtype=ssm, act_dtype=act, conv_dtype=conv,
+        ssm_dtype=checkpoint_dtype(vllm_config, settings), act_dtype=act, conv_dtype=conv,
         num_speculative_tokens=vllm_config.num_speculative_tokens,
-        window=(settings or settings_from_vllm_config(vllm_config)).window, num_layers=num_layers,
+        window=settings.window, num_layers=num_layers,
     )
 
 

@@ -49,6 +49,7 @@ def plan(workdir: Path) -> list[dict]:
     whole = {"name": "whole prompts", "prompts": _prompts(1, [7, 10, 13]), "max_tokens": 24}
     chunked = {"name": "chunked prefill, mixed batches", "prompts": _prompts(2, [45, 57, 70]), "max_tokens": 24}
     drafts_hit = {"name": "drafts hit (cycle model)", "prompts": cycle_prompts, "max_tokens": 32, "hf_generate": True}
+    long_8bit = {"name": "long generations, 8-bit state", "prompts": _prompts(4, [40, 52]), "max_tokens": 128}
     return [
         {
             # 64-token attention blocks (the smallest that hold a Mamba page) and 12 of them: requests grow
@@ -69,6 +70,10 @@ def plan(workdir: Path) -> list[dict]:
          "eager": False, "cases": [drafts_hit]},
         {"name": "reference-K0-compiled", "model": "random", "backend": "reference", "K": 0, **sched,
          "eager": False, "cases": [whole]},
+        # 8-bit checkpoints: long greedy generations against HF's fp32 greedy choice (chunked prompts: the
+        # staged prefill hand-over; K = 3: flushes every few steps).
+        *({"name": f"reference-K3-{dt}", "model": "random", "backend": "reference", "K": 3, **sched,
+           "state_dtype": dt, "cases": [long_8bit]} for dt in ("int8", "fp8")),
     ]
 
 
@@ -92,8 +97,9 @@ class HFReference:
         self.torch = torch
         self.model = NemotronHForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
-    def check(self, prompt: list[int], tokens: list[int], logprobs: list[float]) -> tuple[int, float]:
-        """(leading tokens that are HF's greedy choice, largest |logprob - HF's| over those)."""
+    def check(self, prompt: list[int], tokens: list[int], logprobs: list[float]) -> tuple[int, float, int]:
+        """(leading tokens that are HF's greedy choice, largest |logprob - HF's| over those, tokens anywhere
+        that are HF's greedy choice given vLLM's own prefix)."""
         torch = self.torch
         with torch.no_grad():
             logits = self.model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1: -1].double()
@@ -102,7 +108,8 @@ class HFReference:
         while n < len(tokens) and tokens[n] == want[n]:
             n += 1
         ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
-        return n, max([0.0] + [abs(a - b) for a, b in zip(logprobs[:n], ref[:n])])
+        agree = sum(a == b for a, b in zip(tokens, want))
+        return n, max([0.0] + [abs(a - b) for a, b in zip(logprobs[:n], ref[:n])]), agree
 
     def generate(self, prompt: list[int], max_tokens: int) -> list[int]:
         torch = self.torch
@@ -192,6 +199,7 @@ def run_engine(engine: dict, workdir: Path, refs: dict, stats: PluginStats) -> l
     from vllm import LLM, SamplingParams
 
     os.environ["SSMSTATE_VLLM_BACKEND"] = engine["backend"]
+    os.environ["SSMSTATE_VLLM_STATE_DTYPE"] = engine.get("state_dtype", "auto")
     t0 = time.time()
     kw = dict(model=str(workdir / engine["model"]), skip_tokenizer_init=True, max_model_len=256,
               enforce_eager=engine.get("eager", True), enable_prefix_caching=False, dtype="float32", seed=0,
@@ -217,13 +225,14 @@ def run_engine(engine: dict, workdir: Path, refs: dict, stats: PluginStats) -> l
         outs = llm.generate([{"prompt_token_ids": p} for p in case["prompts"]], sp, use_tqdm=False)
         after = _counters(llm)
         ref = refs[engine["model"]]
-        matched, total, worst = 0, 0, 0.0
+        matched, total, worst, agree = 0, 0, 0.0, 0
         mismatches = []
         for i, (p, o) in enumerate(zip(case["prompts"], outs)):
             toks = list(o.outputs[0].token_ids)
             lps = [lp[t].logprob for lp, t in zip(o.outputs[0].logprobs, toks)]
-            n, err = ref.check(p, toks, lps)
+            n, err, same = ref.check(p, toks, lps)
             matched += n
+            agree += same
             total += case["max_tokens"]
             worst = max(worst, err)
             if n < case["max_tokens"]:
@@ -234,6 +243,7 @@ def run_engine(engine: dict, workdir: Path, refs: dict, stats: PluginStats) -> l
                 mismatches.append({"request": 0, "hf_generate": hf})
         row = {
             "engine": engine["name"], "vllm": vllm.__version__, "backend": engine["backend"], "K": engine["K"],
+            "state_dtype": engine.get("state_dtype", "fp32"), "tokens_agreeing": agree,
             "compiled": not engine.get("eager", True),
             "model": engine["model"], "case": case["name"], "requests": len(case["prompts"]),
             "tokens_matched": matched, "tokens": total, "max_logprob_err": worst, "mismatches": mismatches,
