@@ -27,7 +27,10 @@ stores ``[history[1:], inputs]`` (``k - 2 + q`` columns) from column 0. Two diff
   the previous page's last one: always inside the cache tensor, never written). A non-finite value there would
   turn that one output into NaN; the reference does not read it.
 
-The per-row line index and ``na`` are computed on the device once per step (at the step's first conv; the conv
+A step whose rows all have ``T`` tokens goes in vLLM's dense form (``(rows, conv_dim, T)`` views of the packed
+tensors), any other in its varlen form (``query_start_loc``, ``max_query_len = T``); the Triton interpreter runs
+only the dense form (the varlen loop bound is a loaded value), so CPU tests cover uniform steps and the GPU tests
+the rest. The per-row line index and ``na`` are computed on the device once per step (at the step's first conv; the conv
 cursors do not move until the commit) into per-cache buffers. vLLM's kernel multiplies in the activation dtype
 (bf16 products, fp32 sums), so outputs match the reference (fp32) to rounding; the window's columns are copies
 and match bit for bit.
@@ -138,7 +141,13 @@ class VllmConv:
         off = win.storage_offset()
         lines = storage - off - (Dc - 1) * win.stride(1) - (width - 1) * win.stride(2)
         view = win.as_strided((lines, Dc, width), (1, win.stride(1), win.stride(2)), off)
-        self.fn(xBC, view, self.padded_weight(weight), bias=bias, activation=activation,
-                conv_state_indices=line, num_accepted_tokens=acc, query_start_loc=plan.cu_seqlens,
-                max_query_len=cache.layout.spec.num_tokens, null_block_id=-1, out=out)
+        T, rows = cache.layout.spec.num_tokens, plan.num_rows
+        if plan.total_tokens == rows * T:  # every row T tokens: vLLM's dense (batch, dim, seqlen) form, views
+            x3, o3 = (t.view(rows, T, Dc).transpose(1, 2) for t in (xBC, out))
+            self.fn(x3, view, self.padded_weight(weight), bias=bias, activation=activation,
+                    conv_state_indices=line, num_accepted_tokens=acc, null_block_id=-1, out=o3)
+        else:
+            self.fn(xBC, view, self.padded_weight(weight), bias=bias, activation=activation,
+                    conv_state_indices=line, num_accepted_tokens=acc, query_start_loc=plan.cu_seqlens,
+                    max_query_len=T, null_block_id=-1, out=out)
         return out
