@@ -13,6 +13,7 @@ from types import ModuleType
 
 import torch
 
+from ssmstate.backends.layer_step import fused_counters, unfused_conv_verify
 from ssmstate.cache import StateCache
 from ssmstate.errors import BackendUnavailableError, ConfigError
 from ssmstate.layout import PageLayout
@@ -113,6 +114,24 @@ class TritonBackend:
              bias: Tensor | None, activation: str | None, out: Tensor) -> Tensor:
         return _ops().conv_update(cache.layers[layer]["conv"], cache.conv_shift, xBC, weight, bias,
                                          plan.page_ids, plan.cu_seqlens, out, activation=activation, pdl=self.pdl)
+
+    def conv_verify(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, dt: Tensor, A: Tensor,
+                    weight: Tensor, bias: Tensor | None, activation: str | None, D: Tensor | None,
+                    dt_bias: Tensor | None, z: Tensor | None, out: Tensor) -> Tensor:
+        """One fused launch (:func:`~ssmstate.ops.triton.replay_conv_verify`); a checkpoint dtype it does not take
+        (8-bit) runs ``conv`` then ``verify``. With ``pdl`` the launch waits for the kernel before it, then lets
+        the next one launch."""
+        t = cache.layers[layer]
+        ops = _ops()
+        if t["checkpoint"].dtype not in ops.conv_verify.STATE_DTYPES:
+            return unfused_conv_verify(self, cache, layer, plan, xBC, dt, A, weight, bias, activation, D, dt_bias,
+                                       z, out)
+        return ops.replay_conv_verify(
+            t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start, cache.num_committed,
+            t["conv"], cache.conv_shift, xBC, dt, A, weight, bias, plan.page_ids, plan.cu_seqlens,
+            cache.layout.spec.window, out, D=D, dt_bias=dt_bias, z=z, activation=activation,
+            row_cursors=plan.row_cursors, counters=fused_counters(cache), pdl=self.pdl,
+        )
 
     def commit(self, cache: StateCache, plan: StepPlan, accepted: Tensor, update_conv: bool,
                error_flag: Tensor) -> None:

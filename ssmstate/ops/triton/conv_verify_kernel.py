@@ -1,0 +1,292 @@
+"""The fused layer kernel: conv window update, activation, x/B/C split, dt processing and the ReplaySSM verify in
+one launch (host entry: :mod:`ssmstate.ops.triton.conv_verify`).
+
+One program per (row, ``HPP`` heads of one group, tile of ``BLOCK_P`` head-dim rows; ``HPP`` is 1 on the GPU). A
+program computes the conv outputs it needs straight from the page's old conv window and the step's ``xBC``
+inputs, in registers, in the layout the verify math takes them: its heads' x channels over the sequence tile, its
+group's B channels over the sequence tile and C channels over the window. Nothing of the conv output goes to
+memory but the rows the ring keeps (x, B) and the outputs ``y``.
+
+Who writes the conv window (updated in place) while other programs of the same launch read it:
+
+* an x channel (head h, head-dim row p) is read and written by exactly one program, the one of (row, h, P tile):
+  it loads every old column it needs (conv taps and the new window's columns), waits at a barrier for all its
+  threads, then stores. No other program touches that channel of that page.
+* a B or C channel of group g is read by every program of the row's group g (``GROUP_PROGS`` of them: each needs
+  all N channels of B and C) and written by one: the last of them to arrive at the page's counter
+  ``counters[page, g]``. Each program increments it (``atomic_add``, acquire-release, GPU scope) after a barrier
+  that follows all its window reads; the program that sees ``GROUP_PROGS - 1`` knows every other program of the
+  group has read the old columns (their reads happen-before their release, which happens-before its acquire), and
+  no other program writes these channels, so it loads the old columns itself, stores the new window and resets the
+  counter to 0 for the next launch. A page is one row of a step (the manager's steps never repeat a page; padding
+  rows on page 0 skip everything), so no two rows share a counter.
+* the rings and the checkpoint are owned as in the verify kernels: appended ring rows are disjoint from the
+  history rows any program reads (``c + q <= R``), the B row by the group's first program of P tile 0, the dt row
+  by P tile 0, a checkpoint tile by its (head, P tile) program.
+
+All math is fp32. A conv output is rounded to the rings' dtype (as the unfused path stores it) before the verify
+math uses it, so both paths feed the verify the same values.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ssmstate.ops.triton.common import (chunk, decay, fold_chunk, fold_weights, load_chunk, pdl_wait, safe_cursors,
+                                        softplus)
+
+
+@triton.jit
+def _conv_tile(win_ch, x_ch, w_ch, b_ch, mch, s, live, end, lo, s_win_c, s_x_t, s_w_k,
+               KW: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+    """``act(bias + Σ_j w_j seq[s + j])`` in fp32 for a tile of (channel, row token ``s``) pairs; 0 off ``live``.
+
+    ``win_ch`` / ``x_ch`` / ``w_ch`` / ``b_ch``: the channels' window row, ``xBC`` column, weight row and bias
+    (broadcast along the token axis; ``mch`` their mask). Sequence column ``l`` is old window column
+    ``end - KW + l`` for ``l < KW``, else input token ``lo + l - KW``.
+    """
+    acc = tl.zeros(live.shape, dtype=tl.float32)
+    for j in tl.static_range(KW + 1):
+        col = s + j
+        v = tl.load(win_ch + (end - KW + col) * s_win_c, mask=live & (col < KW), other=0.0).to(tl.float32)
+        v += tl.load(x_ch + (lo + col - KW) * s_x_t, mask=live & (col >= KW), other=0.0).to(tl.float32)
+        acc += v * tl.load(w_ch + j * s_w_k, mask=mch, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(b_ch, mask=mch, other=0.0).to(tl.float32)
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    return tl.where(live, acc, 0.0)
+
+
+@triton.jit
+def _window_seq(win_ch, x_ch, mch, ll, q, end, lo, s_win_c, s_x_t, KW: tl.constexpr):
+    """The channels' new window columns ``0 .. KW + q - 1`` (old history, then the row's inputs), conv dtype."""
+    hist = ll < KW
+    v = tl.load(win_ch + (end - KW + ll) * s_win_c, mask=mch & hist, other=0.0)
+    u = tl.load(x_ch + (lo + ll - KW) * s_x_t, mask=mch & (ll >= KW) & (ll < KW + q), other=0.0)
+    return tl.where(hist, v, u.to(v.dtype))
+
+
+@triton.jit
+def _store_window(win_ch, seq, mch, ll, q, width, s_win_c, KW: tl.constexpr):
+    """Store :func:`_window_seq`'s columns right-aligned (``conv_update``'s new window)."""
+    dst = width - (KW + q) + ll
+    tl.store(win_ch + dst * s_win_c, seq, mask=mch & (ll < KW + q) & (dst >= 0))
+
+
+@triton.jit
+def _fused_head(
+    h, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp, mS, ms, ll, pt,
+    q, lo, end, width, P, N_,
+    ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
+    win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
+    dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h,
+    S_CK_P: tl.constexpr, KW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr,
+    EVEN: tl.constexpr, FLUSH: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, HAS_D: tl.constexpr,
+    HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr, DOT_PREC: tl.constexpr,
+    FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr, IDX64: tl.constexpr,
+):
+    """One head of a row: its x channels' conv, the verify outputs, the ring append, the flush fold, and its x
+    channels' new conv window (this program is their only reader and writer)."""
+    ck = ck_page + h * s_ck_h + (tl.arange(0, BLOCK_P)[:, None] * S_CK_P + tl.arange(0, BLOCK_N)[None, :])
+    if EVEN:
+        S = tl.load(ck)
+    else:
+        S = tl.load(ck, mask=mS, other=0.0)
+    ch = h * P + offs_p  # the head's x channels of the conv
+    win_ch = win_page + ch[:, None] * s_win_d
+    x_ch = xbc_ptr + ch[:, None]
+    Xn = _conv_tile(win_ch, x_ch, cw_ptr + ch[:, None] * s_cw_d, cb_ptr + ch[:, None], mp[:, None], sk[None, :],
+                    mp[:, None] & is_new[None, :], end, lo, s_win_c, s_x_t, s_cw_k, KW, HAS_BIAS, SILU)
+    x_rows = xr_base + h * s_xr_h + ring * s_xr_r
+    Xh = tl.load(x_rows[None, :] + offs_p[:, None], mask=mp[:, None] & is_hist[None, :], other=0.0)
+    X_raw = tl.where(is_hist[None, :], Xh, Xn.to(Xh.dtype))  # (BLOCK_P, BLOCK_K), the ring's dtype
+    seq = _window_seq(win_ch, x_ch, mp[:, None], ll[None, :], q, end, lo, s_win_c, s_x_t, KW)
+    dth = tl.load(dtr_base + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
+    dtn = tl.load(dt_ptr + (lo + sk) * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
+    A = tl.load(A_ptr + h).to(tl.float32)
+    if HAS_DTB:
+        dtn += tl.load(dtb_ptr + h).to(tl.float32)
+    if DT_SOFTPLUS:
+        dtn = softplus(dtn)
+    dtn = tl.where(is_new, dtn, 0.0)
+    dtp = tl.where(is_hist, dth, dtn)
+    XT = X_raw.to(tl.float32)
+    # y_s = e^{A Λ_w} S0 C_s + Σ_{k<=w} dt_k e^{A (Λ_w - Λ_k)} (B_k.C_s) x_k + D x_w, w = c + s
+    lam = tl.cumsum(dtp, axis=0)
+    lam_w = tl.sum(tl.where(diag, lam[:, None], 0.0), axis=0)
+    F = tl.where(causal, Gm * dtp[:, None] * decay(A, lam_w[None, :] - lam[:, None]), 0.0)
+    if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
+        F += tl.where(diag, tl.load(D_ptr + h).to(tl.float32), 0.0)
+    Y = tl.dot(XT, F, input_precision=DOT_PREC)
+    Y += tl.dot(S.to(tl.float32), Cd, input_precision=DOT_PREC) * decay(A, lam_w)[None, :]
+    if HAS_Z:
+        z = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=mp[:, None] & ms[None, :],
+                    other=0.0).to(tl.float32)
+        Y *= z * tl.sigmoid(z)
+    tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None], Y.to(out_ptr.dtype.element_ty),
+             mask=mp[:, None] & ms[None, :])
+    # append the window's x and dt rows to the ring (disjoint from the history: c + q <= R)
+    tl.store(x_rows[None, :] + offs_p[:, None], X_raw, mask=mp[:, None] & is_new[None, :])
+    if pt == 0:
+        tl.store(dtr_base + h * s_dtr_h + ring * s_dtr_r, dtn, mask=is_new)
+    if FLUSH:  # S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0 chunk by chunk
+        XTw, hi, lo_, carry = fold_weights(XT, dth, A, FOLD_SPLIT)
+        for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
+            oc, ckc, mc = chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P, BLOCK_P, FOLD_N, IDX64)
+            fold_chunk(load_chunk(ckc, mc, EVEN) * carry, ckc, mc, oc, b_hist, is_hist, N_, XTw, hi, lo_, ck_ptr,
+                       EVEN, FOLD_SPLIT, FOLD_PREC)
+    tl.debug_barrier()  # every thread's reads of these channels' old window columns are done
+    _store_window(win_ch, seq, mp[:, None], ll[None, :], q, width, s_win_c, KW)
+
+
+@triton.jit
+def _fused_heads(
+    h0, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp, mS, ms, ll, pt,
+    q, lo, end, width, P, N_,
+    ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
+    win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
+    dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h,
+    S_CK_P: tl.constexpr, HPP: tl.constexpr, KW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    FOLD_N: tl.constexpr, EVEN: tl.constexpr, FLUSH: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr, IDX64: tl.constexpr,
+):
+    """Heads ``h0 .. h0 + HPP - 1`` of one row, one route (FLUSH is a constexpr: each loop body specialized)."""
+    for i in range(HPP):
+        _fused_head(h0 + i, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
+                    mS, ms, ll, pt, q, lo, end, width, P, N_,
+                    ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
+                    win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
+                    dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h,
+                    S_CK_P, KW, BLOCK_P, BLOCK_N, FOLD_N, EVEN, FLUSH, HAS_BIAS, SILU, HAS_D, HAS_DTB, HAS_Z,
+                    DT_SOFTPLUS, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64)
+
+
+@triton.jit
+def _group_window(win_page, xbc_ptr, cnt, offs_n, mn, ll, q, end, lo, width, chB, GN, s_win_d, s_win_c, s_x_t,
+                  KW: tl.constexpr, GROUP_PROGS: tl.constexpr):
+    """The group's B and C window channels: written by the group's last program to arrive (module notes)."""
+    tl.debug_barrier()  # every thread of this program has read the old columns
+    arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+    if arrived == GROUP_PROGS - 1:
+        chC = chB + GN
+        bw = win_page + chB[:, None] * s_win_d
+        cw = win_page + chC[:, None] * s_win_d
+        bseq = _window_seq(bw, xbc_ptr + chB[:, None], mn[:, None], ll[None, :], q, end, lo, s_win_c, s_x_t, KW)
+        cseq = _window_seq(cw, xbc_ptr + chC[:, None], mn[:, None], ll[None, :], q, end, lo, s_win_c, s_x_t, KW)
+        tl.debug_barrier()
+        _store_window(bw, bseq, mn[:, None], ll[None, :], q, width, s_win_c, KW)
+        _store_window(cw, cseq, mn[:, None], ll[None, :], q, width, s_win_c, KW)
+        tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def conv_verify_kernel(
+    ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, win_ptr, shift_ptr, cnt_ptr,
+    xbc_ptr, dt_ptr, A_ptr, cw_ptr, cb_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
+    page_ptr, cu_ptr,
+    window, R, P, N, width, XD, GN,
+    s_ck_pg, s_ck_h,
+    s_xr_pg, s_xr_h, s_xr_r,
+    s_Br_pg, s_Br_g, s_Br_r,
+    s_dtr_pg, s_dtr_h, s_dtr_r,
+    s_win_pg, s_win_d, s_win_c,
+    s_cnt_pg,
+    s_x_t,
+    s_dt_t, s_dt_h,
+    s_cw_d, s_cw_k,
+    s_z_t, s_z_h,
+    s_o_t, s_o_h,
+    S_CK_P: tl.constexpr, KW: tl.constexpr, TMAX: tl.constexpr, NPT: tl.constexpr, HPG: tl.constexpr,
+    HPP: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr, EVEN: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
+    IDX64: tl.constexpr, NATIVE_G: tl.constexpr, GDC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = tl.program_id(1)
+    pt = pid % NPT
+    hc = pid // NPT  # (group, head chunk)
+    g = (hc // (HPG // HPP)).to(tl.int64)
+    h0 = (hc * HPP).to(tl.int64)
+    if GDC:  # a programmatic dependent (pdl=True): nothing is read before the kernel before has ended
+        pdl_wait()
+    page = tl.load(page_ptr + row).to(tl.int64)
+    lo = tl.load(cu_ptr + row)
+    q = tl.load(cu_ptr + row + 1) - lo
+    if (page != 0) & (q > 0):
+        offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
+        offs_n = tl.arange(0, BLOCK_N)
+        if IDX64:
+            offs_p = offs_p.to(tl.int64)
+            offs_n = offs_n.to(tl.int64)
+        mp = offs_p < P
+        mn = offs_n < N
+        mS = mp[:, None] & mn[None, :]
+        ss = tl.arange(0, BLOCK_S)
+        ms = ss < q
+        tw = lo + ss
+        ll = tl.arange(0, BLOCK_L)
+        if IDX64:
+            tw = tw.to(tl.int64)
+            ll = ll.to(tl.int64)
+        c, rs = safe_cursors(tl.load(nc_ptr + page), tl.load(rs_ptr + page), window, R)
+        end = width - tl.minimum(tl.maximum(tl.load(shift_ptr + page), 0), TMAX)  # shift read clamped to [0, T]
+        kk = tl.arange(0, BLOCK_K)
+        is_hist = kk < c
+        is_new = (kk >= c) & (kk < c + q)
+        is_seq = kk < c + q
+        ring = (rs + kk) % R  # ring row of sequence position k (history and appended alike)
+        sk = tl.maximum(kk - c, 0)  # the row's token at sequence position k (window positions)
+        if IDX64:  # the interpreter checks every int32 vector op for overflow: int64 skips it
+            ring = ring.to(tl.int64)
+            sk = sk.to(tl.int64)
+        pos = c + ss
+        causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
+        diag = (kk[:, None] == pos[None, :]) & ms[None, :]
+        win_page = win_ptr + page * s_win_pg
+        # the group's B over the sequence (ring rows, then the conv of the window's inputs) and C over the window
+        chB = XD + g * N + offs_n
+        chC = chB + GN
+        Bn = _conv_tile(win_page + chB[None, :] * s_win_d, xbc_ptr + chB[None, :], cw_ptr + chB[None, :] * s_cw_d,
+                        cb_ptr + chB[None, :], mn[None, :], sk[:, None], is_new[:, None] & mn[None, :], end, lo,
+                        s_win_c, s_x_t, s_cw_k, KW, HAS_BIAS, SILU)
+        Cn = _conv_tile(win_page + chC[None, :] * s_win_d, xbc_ptr + chC[None, :], cw_ptr + chC[None, :] * s_cw_d,
+                        cb_ptr + chC[None, :], mn[None, :], ss[:, None], ms[:, None] & mn[None, :], end, lo,
+                        s_win_c, s_x_t, s_cw_k, KW, HAS_BIAS, SILU)
+        Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
+        b_hist = Br_base + ring * s_Br_r  # the history's B rows (re-read per N chunk of a flush row's fold)
+        Bh = tl.load(b_hist[:, None] + offs_n[None, :], mask=is_hist[:, None] & mn[None, :], other=0.0)
+        B_raw = tl.where(is_hist[:, None], Bh, Bn.to(Bh.dtype))  # (BLOCK_K, BLOCK_N), the ring's dtype
+        Cw_raw = Cn.to(Bh.dtype)  # (BLOCK_S, BLOCK_N), rounded as the unfused path stores C
+        if NATIVE_G:  # 16-bit B and C: exact products, fp32 accumulation
+            Gm = tl.dot(B_raw, tl.trans(Cw_raw))
+        else:
+            Gm = tl.dot(B_raw.to(tl.float32), tl.trans(Cw_raw.to(tl.float32)), input_precision=DOT_PREC)
+        Cd = tl.trans(Cw_raw.to(tl.float32))  # (N, BLOCK_S), readout operand
+        if (pt == 0) & (h0 % HPG == 0):  # append the window's B rows to the ring, once per group
+            tl.store(b_hist[:, None] + offs_n[None, :], B_raw, mask=is_new[:, None] & mn[None, :])
+        xr_base = xr_ptr + page * s_xr_pg
+        dtr_base = dtr_ptr + page * s_dtr_pg
+        ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * S_CK_P
+        if c + q > window:  # flush: fold the history into the checkpoint, outputs from it
+            _fused_heads(h0, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
+                         mS, ms, ll, pt, q, lo, end, width, P, N,
+                         ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
+                         win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
+                         dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h,
+                         S_CK_P, HPP, KW, BLOCK_P, BLOCK_N, FOLD_N, EVEN, True, HAS_BIAS, SILU, HAS_D, HAS_DTB,
+                         HAS_Z, DT_SOFTPLUS, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64)
+        else:
+            _fused_heads(h0, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
+                         mS, ms, ll, pt, q, lo, end, width, P, N,
+                         ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
+                         win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
+                         dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h,
+                         S_CK_P, HPP, KW, BLOCK_P, BLOCK_N, FOLD_N, EVEN, False, HAS_BIAS, SILU, HAS_D, HAS_DTB,
+                         HAS_Z, DT_SOFTPLUS, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64)
+        _group_window(win_page, xbc_ptr, cnt_ptr + page * s_cnt_pg + g, offs_n, mn, ll, q, end, lo, width, chB,
+                      GN, s_win_d, s_win_c, s_x_t, KW, NPT * (HPG // HPP))
