@@ -38,3 +38,20 @@ def test_bench_verify_cpu_smoke(tmp_path: Path) -> None:
     assert "bench_verify (T:W pairs): 1/1 (100%)" in res.stderr
     assert " T   W batch |" in res.stdout
     print(f"bench_verify --cpu-smoke took {time.monotonic() - t0:.1f} s")
+
+
+def test_bench_decode_step_cpu_smoke(tmp_path: Path) -> None:
+    """The decode-step benchmark on CPU under the Triton interpreter: ours (fused and unfused) through the manager,
+    real commits; the FlashInfer and vLLM variants are skipped and say why."""
+    out = tmp_path / "decode_step.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_decode_step.py"), "--cpu-smoke", "--json",
+                          str(out)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert [(r["model"], r["batch"]) for r in got["rows"]] == [("nemotron-h-8b", 1), ("nemotron-h-8b", 2)]
+    for r in got["rows"]:
+        assert r["ours_unfused_us"] > 0 and r["ours_unfused_bytes"] > 0
+        assert r["ours_fused_us"] > 0 and r["ours_fused_bytes"] < r["ours_unfused_bytes"]  # no conv-output round trip
+        assert r["vllm_pair_skipped"] == r["native_skipped"] == "flashinfer not importable"
+    assert "µs per decode step" in res.stdout
