@@ -291,7 +291,7 @@ def bytes_per_step(variant: str, g, rows: int, flush_frac: float, mean_c: float)
 
 
 def bench_model(model: str, batches: list[int], variants: list[str], args, fi, vconv, l2: int,
-                copy_tbps: float) -> list[dict]:
+                copy_tbps: float, save) -> list[dict]:
     from ssmstate import PageLayout, SpecConfig, StateManager
 
     g = geometry(model)
@@ -347,6 +347,7 @@ def bench_model(model: str, batches: list[int], variants: list[str], args, fi, v
                 row[f"{v}_vs_vllm_pair"] = base / row[f"{v}_us"]
         log("  " + json.dumps({k: (round(x, 3) if isinstance(x, float) else x) for k, x in row.items()}))
         rows_out.append(row)
+        save(rows_out)  # after every batch: a run cut short keeps what it measured
     return rows_out
 
 
@@ -465,12 +466,15 @@ def main() -> None:
     copy_tbps = bv.copy_bandwidth()
     log(f"copy bandwidth {copy_tbps:.2f} TB/s")
     rows: list[dict] = []
+
+    def save(more: list[dict]) -> None:
+        with open(args.json, "w") as fh:
+            json.dump({"env": env, "copy_TBps": copy_tbps, "variants": variants, "rows": rows + more,
+                       "seconds": time.time() - t0}, fh, indent=1)
+
     bar = progress(len(models), "bench_decode_step (models)")
     for model in models:
-        rows += bench_model(model, batches, variants, args, fi, vconv, l2, copy_tbps)
-        with open(args.json, "w") as fh:  # after every model: a run cut short keeps what it measured
-            json.dump({"env": env, "copy_TBps": copy_tbps, "variants": variants, "rows": rows,
-                       "seconds": time.time() - t0}, fh, indent=1)
+        rows += bench_model(model, batches, variants, args, fi, vconv, l2, copy_tbps, save)
         bar.update(1)
     bar.close()
     print_table(rows, variants, copy_tbps)
