@@ -22,10 +22,10 @@ usually modelled: each draft accepted with probability 0.7, stopping at the firs
 (``c + T > W``) occur at their natural cadence; warm-up steps reach the steady state before timing. The flush
 fraction seen is reported. Every variant replays the same draws.
 
-Cold pages: a step touches every layer's pages once, so at batch b a layer's pages were last read
-``b x (layers - 1) x page bytes`` earlier, far past the 50 MB L2 for the replay variants at every batch; the
-native variant keeps only as many distinct per-layer state tensors as keep that distance above 4 x L2 (its
-states, 4 pages per request per layer, would not fit the GPU otherwise) and cycles the layers over them.
+Cold pages: twice the L2's size of scratch is written before every step (outside the timing), and within a step
+each layer's pages are read once, after ``b x (layers - 1) x page bytes`` of other layers' pages. The native
+variant keeps only as many distinct per-layer state tensors as keep that distance above 4 x L2 (its states, 4
+pages per request per layer, would not fit the GPU otherwise) and cycles the layers over them.
 
 Time: CUDA events around each graph replay (the per-step host work, ``begin_step``'s small uploads and the count
 uploads, is outside), median over the timed steps. Bytes per step: what each variant must move at least (state
@@ -116,6 +116,18 @@ class Inputs:
         self.y = torch.empty(L, H, P, device=dev, dtype=act)
 
 
+_SCRUB: list[torch.Tensor] = []
+
+
+def scrub_l2(l2: int) -> None:
+    """Write twice the L2's size of scratch before a step, so the step starts with nothing of its own in L2."""
+    if bv.SMOKE or not l2:
+        return
+    if not _SCRUB:
+        _SCRUB.append(torch.empty(2 * l2 // 4 + 1, dtype=torch.float32, device=bv.DEV))
+    _SCRUB[0].zero_()
+
+
 def draws(rows: int, steps: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[bv.draw_accepted(rng, K + 1) for _ in range(rows)] for _ in range(steps)]
@@ -140,7 +152,7 @@ def cursor_stats(acc: list[list[int]], warm: int) -> tuple[float, float]:
 # -- manager-driven variants (one CUDA graph per step: DecodeStepGraph) -----------------------------------------
 
 
-def manager_step(variant: str, g, rows: int, inp: Inputs, fi_backend, vconv):
+def manager_step(variant: str, g, rows: int, inp: Inputs, fi_backend, vconv, l2: int):
     """``(run(accepted, previous) -> µs, cleanup)`` for a variant driven through a StateManager."""
     from ssmstate import PageLayout, SpecConfig, StateManager
     from ssmstate.ops.reference import split_xbc
@@ -196,6 +208,7 @@ def manager_step(variant: str, g, rows: int, inp: Inputs, fi_backend, vconv):
     def run(a: torch.Tensor, p: torch.Tensor) -> float:
         acc.copy_(a, non_blocking=True)
         prev.copy_(p, non_blocking=True)
+        scrub_l2(l2)
         dsg.step(ids, timing=(e0, e1))
         e1.synchronize()
         return e0.elapsed_time(e1) * 1e3
@@ -252,6 +265,7 @@ def native_step(g, rows: int, inp: Inputs, fi, vconv, l2: int):
 
     def run(a: torch.Tensor, p: torch.Tensor) -> float:
         prev.copy_(p, non_blocking=True)
+        scrub_l2(l2)
         e0.record()
         graph.replay()
         e1.record()
@@ -327,7 +341,7 @@ def bench_model(model: str, batches: list[int], variants: list[str], args, fi, v
                 if v == "native":
                     run, cleanup = native_step(g, b, inp, fi, vconv, l2)
                 else:
-                    run, cleanup = manager_step(v, g, b, inp, fi_backend, vconv)
+                    run, cleanup = manager_step(v, g, b, inp, fi_backend, vconv, l2)
                 times = [run(acc_t[s], acc_t[s - 1] if s else first) for s in range(steps)]
                 cleanup()
             except Exception as exc:  # keep the other variants when one breaks
