@@ -125,3 +125,46 @@ def test_served_calls_pass_the_tuned_choice(monkeypatch):
 def test_fastest_prefers_the_earlier_candidate_on_a_tie():
     assert ft.fastest({"auto": 5.0, "monolith": 4.0, "two-kernel": 4.5}) == "monolith"
     assert ft.fastest({"auto": 4.0, "monolith": 4.0}) == "auto"
+
+
+def test_tune_flow_times_every_candidate_and_keeps_the_fastest(monkeypatch):
+    """``flashinfer_tune.tune`` (what ``FlashInferBackend.tune`` runs after its device checks) on CPU: FlashInfer's
+    autotune block sees one dense served-shape call per size, every (form, size) is timed on each of its
+    candidates (the GPU timer is replaced by one that reads which algorithm the probe passed), the fastest is
+    kept, and later served calls pass it."""
+    import contextlib
+
+    m, fake = make_manager(monkeypatch, max_batch=4)
+    be = m.backend
+    be._fim = fake
+    inside: list[str] = []
+
+    @contextlib.contextmanager
+    def autotune(sizes, cache):
+        n = len(fake.calls)
+        yield
+        inside.extend(kw["algorithm"] for _, _, kw in fake.calls[n:])
+
+    fake_us = {("dense", 1): {"auto": 3.0, "monolith": 2.0, "two-kernel": 4.0},
+               ("dense", 4): {"auto": 1.0, "monolith": 2.0, "two-kernel": 3.0},
+               ("varlen", 1): {"monolith": 5.0, "two-kernel": 4.0},
+               ("varlen", 4): {"monolith": 1.0, "two-kernel": 4.0}}
+
+    def time_us(fns, reps=10):
+        n = len(fake.calls)
+        fns[0]()
+        kw = fake.calls[n][2]
+        form = "dense" if kw["cu"] is None else "varlen"
+        return fake_us[(form, kw["sbi"].shape[0])][kw["algorithm"]]
+
+    monkeypatch.setattr(be, "autotune", autotune)
+    monkeypatch.setattr(ft, "time_us", time_us)
+    report = ft.tune(be, m.layout, torch.device("cpu"), [1, 4], None, ft.CallShape.vllm(m.layout), 0, 1)
+    assert inside == ["auto", "auto"]  # one profile call per size, through FlashInfer's tuner
+    got = {(r["form"], r["batch"]): r["chosen"] for r in report}
+    assert got == {("dense", 1): "monolith", ("dense", 4): "auto", ("varlen", 1): "two-kernel",
+                   ("varlen", 4): "monolith"}
+    assert {(r["form"], r["batch"]): r["us"] for r in report} == fake_us
+    be.chosen.update(got)
+    gen = torch.Generator().manual_seed(4)
+    assert served_call(m, 1, gen)["algorithm"] == "monolith"

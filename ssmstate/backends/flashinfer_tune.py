@@ -179,14 +179,16 @@ def tune(backend: "FlashInferBackend", layout: PageLayout, device: torch.device,
          cache: Any, call: CallShape, seed: int, reps: int) -> list[dict[str, Any]]:
     """:meth:`FlashInferBackend.tune` after its checks: autotune, then time every candidate per form and size."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20) or 50 << 20
+    cuda = device.type == "cuda"
+    l2 = (getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 50 << 20) if cuda else 0
     priv, sets = private_cache(layout, sizes, device, l2, gen)
     report: list[dict[str, Any]] = []
     try:
         with backend.forcing("auto"), backend.autotune(sizes, cache):
             for bs in sizes:  # profiled by FlashInfer under the key the served calls look up
                 backend.run_probe(priv, probe(layout, call, "dense", bs, 1, device, gen), 0)
-        torch.cuda.synchronize(device)
+        if cuda:
+            torch.cuda.synchronize(device)
         for bs in sizes:
             for form, algos in CANDIDATES.items():
                 pr = probe(layout, call, form, bs, sets[bs], device, gen)
