@@ -29,6 +29,7 @@ pytest.importorskip("triton")
 from ssmstate import BackendUnavailableError, Mamba2Geometry, PageLayout, SpecConfig, StateManager  # noqa: E402
 from ssmstate.backends import flashinfer as fb  # noqa: E402
 from ssmstate.backends.flashinfer_conv import VLLM_CONV, import_vllm_conv  # noqa: E402
+from ssmstate.cache import StateCache  # noqa: E402
 from tests.conv_lockstep import conv_lockstep  # noqa: E402
 from tests.gpu import copy_vllm_kernels, vllm_kernel_shim  # noqa: E402
 from tests.test_flashinfer_adapter import FakeMamba, _fake_flashinfer, nemotron_layout  # noqa: E402
@@ -100,3 +101,18 @@ def test_missing_vllm_kernel(monkeypatch):
     plan = m.begin_step(["a"], 4)
     with pytest.warns(RuntimeWarning, match="reference conv"):
         m.conv(0, plan, torch.randn(4, Dc).to(torch.bfloat16), torch.randn(Dc, 4), None)
+
+
+def test_line_view_covers_every_row_start():
+    """vLLM skips a line at or past the view's line count; every (page, first column) a row can start at must be
+    below it, the last page included (a varlen row of q < T starts T - q columns into its window)."""
+    from ssmstate.backends.flashinfer_conv import line_view
+
+    layout = nemotron_small()
+    T, KW = layout.spec.num_tokens, layout.geometry.conv_kernel - 1
+    cache = StateCache(layout, 6, "cpu")
+    for win in (cache.layers[0]["conv"], torch.zeros(6, 2 * 64 + 5, KW + T)[:, 3:3 + 64]):  # dense; strided pages
+        view = line_view(win)
+        assert view.data_ptr() == win.data_ptr() and view.stride(0) == 1
+        last = (win.shape[0] - 1) * win.stride(0) + (win.shape[2] - KW - 1) * win.stride(2)  # base = T - 1 (q = 1)
+        assert last < view.shape[0]

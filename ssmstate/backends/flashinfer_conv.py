@@ -79,6 +79,18 @@ class _RowBuffers:
     plan: Any = None  # weakref to the plan they were computed for
 
 
+def line_view(win: Tensor) -> Tensor:
+    """``win`` (pages, Dc, width) as vLLM's conv state with a line stride of one element, same storage.
+
+    Line ``page * stride(0) + col * stride(2)`` is then the window of ``page`` from column ``col`` on. vLLM reads
+    the line count (dim 0) as the bound of a valid line, so it spans every line whose first column lies in the
+    storage; the last dim (vLLM overwrites its length from the kernel width) is 1, which keeps the view in bounds.
+    """
+    Dc = win.shape[1]
+    lines = win.untyped_storage().nbytes() // win.element_size() - win.storage_offset() - (Dc - 1) * win.stride(1)
+    return win.as_strided((lines, Dc, 1), (1, win.stride(1), win.stride(2)), win.storage_offset())
+
+
 class VllmConv:
     """Runs vLLM's conv update on the replay layout's window (see the module docstring)."""
 
@@ -135,12 +147,9 @@ class VllmConv:
                  bias: Tensor | None, activation: str | None, out: Tensor, max_rows: int) -> Tensor:
         """Conv update of ``layer`` for the plan's rows; arguments as :meth:`Backend.conv`."""
         win = cache.layers[layer]["conv"]
-        Dc, width = win.shape[1], win.shape[2]
+        Dc = win.shape[1]
         line, acc = self.rows(cache, win, plan, max_rows)
-        storage = win.untyped_storage().nbytes() // win.element_size()
-        off = win.storage_offset()
-        lines = storage - off - (Dc - 1) * win.stride(1) - (width - 1) * win.stride(2)
-        view = win.as_strided((lines, Dc, width), (1, win.stride(1), win.stride(2)), off)
+        view = line_view(win)
         T, rows = cache.layout.spec.num_tokens, plan.num_rows
         if plan.total_tokens == rows * T:  # every row T tokens: vLLM's dense (batch, dim, seqlen) form, views
             x3, o3 = (t.view(rows, T, Dc).transpose(1, 2) for t in (xBC, out))
