@@ -61,6 +61,9 @@ from progress import progress  # noqa: E402
 
 MODELS = ("nemotron-h-8b", "nemotron-3-nano-30b-a3b")
 VARIANTS = ("ours_fused", "ours_unfused", "vllm_pair", "fi_backend", "native")
+#: more variants ``--variants`` takes: ours with programmatic dependent launch, and the two cross pairs that split
+#: a gap between ours and vLLM's pair into its conv and verify parts (vLLM's conv + our verify; our conv + FlashInfer)
+EXTRA = ("ours_fused_pdl", "ours_unfused_pdl", "diag_vllmconv_oursverify", "diag_oursconv_fiverify")
 K, W = 3, 16
 log = bv.log
 
@@ -155,14 +158,18 @@ def cursor_stats(acc: list[list[int]], warm: int) -> tuple[float, float]:
 def manager_step(variant: str, g, rows: int, inp: Inputs, fi_backend, vconv, l2: int):
     """``(run(accepted, previous) -> µs, cleanup)`` for a variant driven through a StateManager."""
     from ssmstate import PageLayout, SpecConfig, StateManager
+    from ssmstate.ops import triton as trk
     from ssmstate.ops.reference import split_xbc
 
     T = K + 1
     layout = PageLayout.replay(g, SpecConfig(K, window=W))
-    name = "triton" if variant.startswith("ours") else "flashinfer"
-    m = StateManager(layout, rows + 1, device=bv.DEV, backend=name, max_batch=rows)
+    name = "triton" if variant.startswith(("ours", "diag_vllmconv")) else "flashinfer"
+    opts = {"pdl": True} if variant.endswith("_pdl") else None
+    m = StateManager(layout, rows + 1, device=bv.DEV, backend=name, max_batch=rows, backend_options=opts)
     if name == "flashinfer":
         m.backend = fi_backend
+    conv_by = ("vllm" if variant in ("vllm_pair", "diag_vllmconv_oursverify")
+               else "ops" if variant == "diag_oursconv_fiverify" else "manager")
     ids = [f"r{i}" for i in range(rows)]
     for r in ids:
         m.admit(r)
@@ -170,20 +177,23 @@ def manager_step(variant: str, g, rows: int, inp: Inputs, fi_backend, vconv, l2:
     acc = torch.zeros(rows, dtype=torch.int32, device=bv.DEV)
     prev = torch.ones(rows, dtype=torch.int32, device=bv.DEV)
     vstate = None
-    if variant == "vllm_pair":  # vLLM's own conv state: (blocks, K + k - 1, conv_dim), passed transposed
+    if conv_by == "vllm":  # vLLM's own conv state: (blocks, K + k - 1, conv_dim), passed transposed
         vstate = [torch.zeros(rows + 1, K + g.conv_kernel - 1, Dc, device=bv.DEV, dtype=g.act_dtype).transpose(1, 2)
                   for _ in range(g.num_layers)]
 
     def body(plan):
         for lay in range(g.num_layers):
-            if variant == "ours_fused":
+            if variant.startswith("ours_fused"):
                 m.conv_verify(lay, plan, inp.xBC, inp.dt, inp.A, inp.weight, inp.bias, D=inp.D, dt_bias=inp.dt_bias,
                               out=inp.y)
                 continue
-            if variant == "vllm_pair":
+            if conv_by == "vllm":
                 co = vconv(inp.xBC, vstate[lay], inp.weight, inp.bias, "silu", conv_state_indices=plan.page_ids,
                            num_accepted_tokens=prev, query_start_loc=plan.cu_seqlens, max_query_len=T,
                            out=inp.conv_out)
+            elif conv_by == "ops":  # our Triton conv on the replay window, outside the manager (diagnostic)
+                co = trk.conv_update(m.cache.layers[lay]["conv"], m.cache.conv_shift, inp.xBC, inp.weight, inp.bias,
+                                     plan.page_ids, plan.cu_seqlens, inp.conv_out)
             else:
                 co = m.conv(lay, plan, inp.xBC, inp.weight, inp.bias, out=inp.conv_out)
             x, B, C = split_xbc(co, H, P, Gg, N)
@@ -296,7 +306,7 @@ def bytes_per_step(variant: str, g, rows: int, flush_frac: float, mean_c: float)
     else:
         conv = Dc * (KW + (KW + T)) * act
         per_row = S + flush_frac * S + (1 - flush_frac) * mean_c * ring_row + T * ring_row + io + conv
-        if variant != "ours_fused":
+        if not variant.startswith("ours_fused"):
             per_row += 2 * T * Dc * act  # the conv output written, then read back by the verify
     return per_row * rows * g.num_layers
 
@@ -313,12 +323,14 @@ def bench_model(model: str, batches: list[int], variants: list[str], args, fi, v
     log(f"\n== {model}: {g.num_layers} Mamba layers, H={g.heads_per_rank} P={g.head_dim} N={g.state_size} "
         f"G={g.groups_per_rank}, page {layout.page_bytes / 2**20:.1f} MiB per request")
     fi_backend = None
-    if fi is not None and any(v in variants for v in ("vllm_pair", "fi_backend")):
+    if fi is not None and any(v in variants for v in ("vllm_pair", "fi_backend", "diag_oursconv_fiverify")):
         fi_backend = StateManager(layout, 2, device=bv.DEV, backend="flashinfer", max_batch=1).backend
         t0 = time.time()
         fi_backend.tune(layout, bv.DEV, batches, reps=args.tune_reps)
-        log(f"  FlashInferBackend.tune({batches}) {time.time() - t0:.1f} s: "
-            + ", ".join(f"{f}@{b}={a}" for (f, b), a in sorted(fi_backend.chosen.items())))
+        log(f"  FlashInferBackend.tune({batches}) {time.time() - t0:.1f} s:")
+        for r in fi_backend.tune_report:
+            log(f"    {r['form']:>6} batch {r['batch']:>3}: " + " ".join(f"{a} {us:.2f} us" for a, us in r["us"].items())
+                + f" -> {r['chosen']}" + (f" (auto runs: {r['auto_runs']})" if "auto_runs" in r else ""))
     rows_out = []
     steps = args.warm_steps + args.steps
     for b in batches:
@@ -328,6 +340,7 @@ def bench_model(model: str, batches: list[int], variants: list[str], args, fi, v
                "mean_history_rows": mean_c}
         if fi_backend is not None:
             row["fi_algorithm"] = fi_backend.algorithm_for("dense", b)
+            row["fi_tune"] = [r for r in fi_backend.tune_report if r["batch"] == b]
         inp = Inputs(g, b, K + 1)
         acc_t = [torch.tensor(a, dtype=torch.int32).pin_memory() if not bv.SMOKE else torch.tensor(a, dtype=torch.int32)
                  for a in acc]
@@ -368,11 +381,13 @@ def bench_model(model: str, batches: list[int], variants: list[str], args, fi, v
 def skip_reason(variant: str, fi, vconv) -> str | None:
     from ssmstate import StateManager
 
-    if variant == "ours_fused" and not hasattr(StateManager, "conv_verify"):
+    if variant not in VARIANTS + EXTRA:
+        return f"unknown variant (choose from {', '.join(VARIANTS + EXTRA)})"
+    if variant.startswith("ours_fused") and not hasattr(StateManager, "conv_verify"):
         return "StateManager.conv_verify is not in this checkout"
-    if variant in ("vllm_pair", "fi_backend", "native") and fi is None:
+    if variant in ("vllm_pair", "fi_backend", "native", "diag_oursconv_fiverify") and fi is None:
         return "flashinfer not importable"
-    if variant in ("vllm_pair", "fi_backend", "native") and vconv is None:
+    if variant in ("vllm_pair", "fi_backend", "native", "diag_vllmconv_oursverify") and vconv is None:
         return "vLLM's conv not importable"
     return None
 

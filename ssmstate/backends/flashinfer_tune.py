@@ -197,10 +197,48 @@ def tune(backend: "FlashInferBackend", layout: PageLayout, device: torch.device,
                     with backend.forcing(algo):
                         times[algo] = time_us([lambda j=j: backend.run_probe(priv, pr, j)
                                                for j in range(len(pr.plans))], reps)
-                report.append({"form": form, "batch": bs, "us": times, "chosen": fastest(times)})
+                entry = {"form": form, "batch": bs, "us": times, "chosen": fastest(times)}
+                if form == "dense" and cuda:
+                    with backend.forcing("auto"):
+                        entry["auto_runs"] = describe_tactic(tuned_tactic(lambda: backend.run_probe(priv, pr, 0)))
+                report.append(entry)
     finally:
         backend.release(priv)
     return report
+
+
+def tuned_tactic(run: Callable[[], object]) -> Any:
+    """The tactic FlashInfer's tuner hands the ``checkpointing_ssu`` call ``run`` makes, or None on a miss (then
+    FlashInfer runs its heuristic)."""
+    from flashinfer.autotuner import AutoTuner
+
+    tuner = AutoTuner.get()
+    found: list[tuple] = []
+    search = tuner.search_cache
+
+    def watched(*a: Any, **k: Any) -> Any:
+        res = search(*a, **k)
+        found.append(res)
+        return res
+
+    tuner.search_cache = watched
+    try:
+        run()
+    finally:
+        del tuner.search_cache  # the class's method again
+    return found[-1][2] if found and found[-1][0] else None
+
+
+def describe_tactic(tactic: Any) -> str:
+    """FlashInfer's ``(stages, CTAs/SM, precompute heads/CTA, d_split)`` tactic in words."""
+    if tactic is None:
+        return "heuristic (no tuned tactic)"
+    if not isinstance(tactic, tuple) or len(tactic) != 4:
+        return f"tactic {tactic!r}"
+    stages, ctas, heads, d_split = tactic
+    if stages == ctas == heads == 0:
+        return f"monolith, d_split={d_split}"
+    return f"two-kernel, {stages} stages, {ctas} CTAs/SM, {heads} precompute heads/CTA, d_split={d_split}"
 
 
 @contextlib.contextmanager
