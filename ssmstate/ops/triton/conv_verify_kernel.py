@@ -16,9 +16,9 @@ Who writes the conv window (updated in place) while other programs of the same l
   all N channels of B and C) and written by one: the last of them to arrive at the page's counter
   ``counters[page, g]``. Each program increments it (``atomic_add``, acquire-release, GPU scope) after a barrier
   that follows all its window reads; the program that sees ``GROUP_PROGS - 1`` knows every other program of the
-  group has read the old columns (their reads happen-before their release, which happens-before its acquire), and
-  no other program writes these channels, so it loads the old columns itself, stores the new window and resets the
-  counter to 0 for the next launch. A page is one row of a step (the manager's steps never repeat a page; padding
+  group has read the old columns (their reads happen-before their release, which happens-before its acquire), so
+  it stores the new window (the columns every program of the group loaded with its conv inputs: old values, as no
+  other program writes these channels) and resets the counter to 0 for the next launch. A page is one row of a step (the manager's steps never repeat a page; padding
   rows on page 0 skip everything), so no two rows share a counter.
 * the rings and the checkpoint are owned as in the verify kernels: appended ring rows are disjoint from the
   history rows any program reads (``c + q <= R``), the B row by the group's first program of P tile 0, the dt row
@@ -76,8 +76,19 @@ def _store_window(win_ch, seq, mch, ll, q, width, s_win_c, KW: tl.constexpr):
 
 
 @triton.jit
+def _load_tile(ck_page, h, s_ck_h, mS, S_CK_P: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+               EVEN: tl.constexpr):
+    """Head ``h``'s checkpoint tile (BLOCK_P, BLOCK_N), in the checkpoint's dtype."""
+    ck = ck_page + h * s_ck_h + (tl.arange(0, BLOCK_P)[:, None] * S_CK_P + tl.arange(0, BLOCK_N)[None, :])
+    if EVEN:  # no masks where P and N fill the blocks: fewer instructions
+        return tl.load(ck)
+    else:
+        return tl.load(ck, mask=mS, other=0.0)
+
+
+@triton.jit
 def _fused_head(
-    h, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp, mS, ms, ll, pt,
+    h, S, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp, mS, ms, ll, pt,
     q, lo, end, width, P, N_,
     ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
     win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
@@ -89,11 +100,6 @@ def _fused_head(
 ):
     """One head of a row: its x channels' conv, the verify outputs, the ring append, the flush fold, and its x
     channels' new conv window (this program is their only reader and writer)."""
-    ck = ck_page + h * s_ck_h + (tl.arange(0, BLOCK_P)[:, None] * S_CK_P + tl.arange(0, BLOCK_N)[None, :])
-    if EVEN:
-        S = tl.load(ck)
-    else:
-        S = tl.load(ck, mask=mS, other=0.0)
     ch = h * P + offs_p  # the head's x channels of the conv
     win_ch = win_page + ch[:, None] * s_win_d
     x_ch = xbc_ptr + ch[:, None]
@@ -143,7 +149,7 @@ def _fused_head(
 
 @triton.jit
 def _fused_heads(
-    h0, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp, mS, ms, ll, pt,
+    h0, S, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp, mS, ms, ll, pt,
     q, lo, end, width, P, N_,
     ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
     win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
@@ -153,30 +159,27 @@ def _fused_heads(
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr, IDX64: tl.constexpr,
 ):
-    """Heads ``h0 .. h0 + HPP - 1`` of one row, one route (FLUSH is a constexpr: each loop body specialized)."""
+    """Heads ``h0 .. h0 + HPP - 1`` of one row, one route (FLUSH is a constexpr: each loop body specialized);
+    ``S`` is head ``h0``'s tile, already in flight."""
     for i in range(HPP):
-        _fused_head(h0 + i, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
+        _fused_head(h0 + i, S, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
                     mS, ms, ll, pt, q, lo, end, width, P, N_,
                     ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
                     win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
                     dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h,
                     S_CK_P, KW, BLOCK_P, BLOCK_N, FOLD_N, EVEN, FLUSH, HAS_BIAS, SILU, HAS_D, HAS_DTB, HAS_Z,
                     DT_SOFTPLUS, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64)
+        if HPP > 1:  # the next head's tile (the last step re-loads its own head: L2 hits, no masked load)
+            S = _load_tile(ck_page, h0 + tl.minimum(i + 1, HPP - 1), s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
 
 
 @triton.jit
-def _group_window(win_page, xbc_ptr, cnt, offs_n, mn, ll, q, end, lo, width, chB, GN, s_win_d, s_win_c, s_x_t,
-                  KW: tl.constexpr, GROUP_PROGS: tl.constexpr):
-    """The group's B and C window channels: written by the group's last program to arrive (module notes)."""
+def _group_window(bw, cw, bseq, cseq, cnt, mn, ll, q, width, s_win_c, KW: tl.constexpr, GROUP_PROGS: tl.constexpr):
+    """The group's B and C window channels (``bseq``, ``cseq``: their new columns, loaded by every program of the
+    group with its conv inputs): stored by the group's last program to arrive (module notes)."""
     tl.debug_barrier()  # every thread of this program has read the old columns
     arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
     if arrived == GROUP_PROGS - 1:
-        chC = chB + GN
-        bw = win_page + chB[:, None] * s_win_d
-        cw = win_page + chC[:, None] * s_win_d
-        bseq = _window_seq(bw, xbc_ptr + chB[:, None], mn[:, None], ll[None, :], q, end, lo, s_win_c, s_x_t, KW)
-        cseq = _window_seq(cw, xbc_ptr + chC[:, None], mn[:, None], ll[None, :], q, end, lo, s_win_c, s_x_t, KW)
-        tl.debug_barrier()
         _store_window(bw, bseq, mn[:, None], ll[None, :], q, width, s_win_c, KW)
         _store_window(cw, cseq, mn[:, None], ll[None, :], q, width, s_win_c, KW)
         tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
@@ -212,12 +215,12 @@ def conv_verify_kernel(
     hc = pid // NPT  # (group, head chunk)
     g = (hc // (HPG // HPP)).to(tl.int64)
     h0 = (hc * HPP).to(tl.int64)
-    if GDC:  # a programmatic dependent (pdl=True): nothing is read before the kernel before has ended
-        pdl_wait()
     page = tl.load(page_ptr + row).to(tl.int64)
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
     if (page != 0) & (q > 0):
+        # the first head's tile is most of the first round trip and needs only the page: issue it first
+        ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * S_CK_P
         offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_n = tl.arange(0, BLOCK_N)
         if IDX64:
@@ -226,6 +229,11 @@ def conv_verify_kernel(
         mp = offs_p < P
         mn = offs_n < N
         mS = mp[:, None] & mn[None, :]
+        S = _load_tile(ck_page, h0, s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
+        c, rs = safe_cursors(tl.load(nc_ptr + page), tl.load(rs_ptr + page), window, R)
+        end = width - tl.minimum(tl.maximum(tl.load(shift_ptr + page), 0), TMAX)  # shift read clamped to [0, T]
+        if GDC:  # a programmatic dependent (pdl=True): the step's inputs only after the kernel before has ended
+            pdl_wait()
         ss = tl.arange(0, BLOCK_S)
         ms = ss < q
         tw = lo + ss
@@ -233,8 +241,6 @@ def conv_verify_kernel(
         if IDX64:
             tw = tw.to(tl.int64)
             ll = ll.to(tl.int64)
-        c, rs = safe_cursors(tl.load(nc_ptr + page), tl.load(rs_ptr + page), window, R)
-        end = width - tl.minimum(tl.maximum(tl.load(shift_ptr + page), 0), TMAX)  # shift read clamped to [0, T]
         kk = tl.arange(0, BLOCK_K)
         is_hist = kk < c
         is_new = (kk >= c) & (kk < c + q)
@@ -251,6 +257,11 @@ def conv_verify_kernel(
         # the group's B over the sequence (ring rows, then the conv of the window's inputs) and C over the window
         chB = XD + g * N + offs_n
         chC = chB + GN
+        # their new window columns, loaded beside the conv's taps (stored by one program of the group at the end)
+        bw = win_page + chB[:, None] * s_win_d
+        cw = win_page + chC[:, None] * s_win_d
+        bseq = _window_seq(bw, xbc_ptr + chB[:, None], mn[:, None], ll[None, :], q, end, lo, s_win_c, s_x_t, KW)
+        cseq = _window_seq(cw, xbc_ptr + chC[:, None], mn[:, None], ll[None, :], q, end, lo, s_win_c, s_x_t, KW)
         Bn = _conv_tile(win_page + chB[None, :] * s_win_d, xbc_ptr + chB[None, :], cw_ptr + chB[None, :] * s_cw_d,
                         cb_ptr + chB[None, :], mn[None, :], sk[:, None], is_new[:, None] & mn[None, :], end, lo,
                         s_win_c, s_x_t, s_cw_k, KW, HAS_BIAS, SILU)
@@ -271,9 +282,8 @@ def conv_verify_kernel(
             tl.store(b_hist[:, None] + offs_n[None, :], B_raw, mask=is_new[:, None] & mn[None, :])
         xr_base = xr_ptr + page * s_xr_pg
         dtr_base = dtr_ptr + page * s_dtr_pg
-        ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * S_CK_P
         if c + q > window:  # flush: fold the history into the checkpoint, outputs from it
-            _fused_heads(h0, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
+            _fused_heads(h0, S, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
                          mS, ms, ll, pt, q, lo, end, width, P, N,
                          ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
                          win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
@@ -281,12 +291,14 @@ def conv_verify_kernel(
                          S_CK_P, HPP, KW, BLOCK_P, BLOCK_N, FOLD_N, EVEN, True, HAS_BIAS, SILU, HAS_D, HAS_DTB,
                          HAS_Z, DT_SOFTPLUS, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64)
         else:
-            _fused_heads(h0, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
+            _fused_heads(h0, S, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
                          mS, ms, ll, pt, q, lo, end, width, P, N,
                          ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
                          win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
                          dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h,
                          S_CK_P, HPP, KW, BLOCK_P, BLOCK_N, FOLD_N, EVEN, False, HAS_BIAS, SILU, HAS_D, HAS_DTB,
                          HAS_Z, DT_SOFTPLUS, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64)
-        _group_window(win_page, xbc_ptr, cnt_ptr + page * s_cnt_pg + g, offs_n, mn, ll, q, end, lo, width, chB,
-                      GN, s_win_d, s_win_c, s_x_t, KW, NPT * (HPG // HPP))
+        _group_window(bw, cw, bseq, cseq, cnt_ptr + page * s_cnt_pg + g, mn, ll, q, width, s_win_c, KW,
+                      NPT * (HPG // HPP))
+    if GDC:  # a program that skipped its row ends only after the kernel before too
+        pdl_wait()
