@@ -264,7 +264,7 @@ def test_fused_launch_choice():
     base = fused_launch(1, 128, 64, 128, 8, h100)
     with ot.override(fused={"BLOCK_P": 32, "num_warps": 8}):
         got = fused_launch(1, 128, 64, 128, 8, h100)
-    assert (got.block_p, got.num_warps, got.fold_n) == (32, 8, base.fold_n) and base.num_warps == 4
+    assert (got.block_p, got.num_warps, got.fold_n) == (32, 8, base.fold_n) and base.num_warps == 8
     with ot.override(fused={"FOLD_N": 8}):
         with pytest.raises(ConfigError, match="FOLD_N"):
             fused_launch(1, 128, 64, 128, 8, h100)

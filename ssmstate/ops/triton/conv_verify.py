@@ -128,9 +128,12 @@ def conv_verify_launch(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ri
                   DT_SOFTPLUS=bool(dt_softplus), DOT_PREC=dot_prec,
                   FOLD_SPLIT=dev.compiled and B_ring.dtype in (torch.bfloat16, torch.float16), FOLD_PREC=fold_prec,
                   IDX64=INTERPRETED, NATIVE_G=dev.compiled and B_ring.dtype in (torch.bfloat16, torch.float16),
+                  ACT16=dev.compiled and x_ring.dtype in (torch.bfloat16, torch.float16),  # the interpreter: fp32 dots
                   GDC=gdc, num_warps=launch.num_warps, num_stages=1)
     if gdc:
         kwargs["launch_pdl"] = True
+    if launch.maxnreg and dev.compiled:
+        kwargs["maxnreg"] = launch.maxnreg
     return KernelLaunch(conv_verify_kernel, (H // launch.hpp * npt, rows), args, kwargs)
 
 
