@@ -249,3 +249,26 @@ def test_manager_refusals_change_nothing():
     with pytest.raises(LifecycleError, match="already verified"):
         m.verify(0, plan, x, dt, B, C, prm["A"])
     m.commit(plan, [1])
+
+
+def test_fused_launch_choice(monkeypatch):
+    """The table's rule: one head per program on the GPU, the P tile halved while the grid is under
+    ``split_p_programs_per_sm`` programs per SM; the interpreter takes a group's heads and P whole;
+    ``override(fused=...)`` replaces fields."""
+    from ssmstate.ops.triton import config
+    from ssmstate.ops.triton.config import DeviceClass, fused_launch
+
+    h100 = DeviceClass(compiled=True, sms=132, gbps_per_sm=25.4)
+    assert [fused_launch(b, 128, 64, 128, 8, h100).block_p for b in (1, 256)] == [64, 64]  # the table: no split
+    monkeypatch.setitem(config.table()["fused"], "split_p_programs_per_sm", 2)
+    assert [fused_launch(b, 128, 64, 128, 8, h100).block_p for b in (1, 2, 4, 256)] == [16, 32, 64, 64]
+    assert fused_launch(1, 128, 64, 128, 8, h100).hpp == 1
+    interp = fused_launch(3, 4, 24, 16, 2, DeviceClass(compiled=False))
+    assert (interp.block_p, interp.hpp, interp.fold_n) == (32, 2, 16)
+    base = fused_launch(1, 128, 64, 128, 8, h100)
+    with ot.override(fused={"BLOCK_P": 32, "num_warps": 8}):
+        got = fused_launch(1, 128, 64, 128, 8, h100)
+    assert (got.block_p, got.num_warps, got.fold_n) == (32, 8, base.fold_n) and base.num_warps == 8
+    with ot.override(fused={"FOLD_N": 8}):
+        with pytest.raises(ConfigError, match="FOLD_N"):
+            fused_launch(1, 128, 64, 128, 8, h100)

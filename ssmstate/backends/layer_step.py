@@ -61,7 +61,8 @@ def conv_out_buffer(cache: StateCache, plan: StepPlan, dtype: torch.dtype) -> Te
 
 
 def fused_counters(cache: StateCache) -> Tensor:
-    """``cache``'s (pages, G) int32 arrival counters of the fused kernel (zero between launches)."""
+    """``cache``'s (pages, G) int32 arrival counters of the fused kernel (zero between launches; shared by every
+    layer, whose launches run one after another in the stream, as the steps of one cache do)."""
     buf = _buffers(cache)
     if buf.counters is None:
         buf.counters = torch.zeros((cache.num_pages, cache.layout.geometry.groups_per_rank), dtype=torch.int32,

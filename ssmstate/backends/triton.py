@@ -42,7 +42,7 @@ def _ops() -> ModuleType:
 
 
 class TritonBackend:
-    """ReplaySSM verify (both routes), commit, materialize and conv update in Triton.
+    """ReplaySSM verify (both routes), commit, materialize, conv update and the fused conv + verify in Triton.
 
     Args:
         pdl: launch ``conv`` and ``verify`` as programmatic dependents (GPU only; no effect in the interpreter).
@@ -54,6 +54,9 @@ class TritonBackend:
             cursors or the plan's buffers (``manager.conv`` of the layer, which writes only the conv window, or
             any of the caller's kernels, qualifies; a ``commit``, ``materialize`` or another verify of the same
             layer does not). A kernel before it that triggers its dependents early must have waited first.
+            ``conv_verify`` (the layer as one launch) reads its page ids, cursors and first checkpoint tile before
+            it waits: the same rule holds for the kernel issued right before it, which must not write the layer's
+            conv window either (another layer's ``conv_verify`` qualifies).
     """
 
     name = "triton"

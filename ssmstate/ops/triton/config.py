@@ -288,7 +288,7 @@ def _check_tma(launch: Launch, hpg: int, N: int, R: int, rows: int) -> None:
 # -- the fused conv + verify kernel ----------------------------------------------------------
 
 #: the fields ``override(fused=...)`` may set
-FUSED_KEYS = ("BLOCK_P", "FOLD_N", "num_warps")
+FUSED_KEYS = ("BLOCK_P", "FOLD_N", "num_warps", "maxnreg")
 
 
 @attrs.frozen
@@ -299,6 +299,7 @@ class FusedLaunch:
     fold_n: int  # N columns per chunk of a flush row's fold
     num_warps: int
     hpp: int = 1  # heads of one group per program (the interpreter's: fewer, longer programs)
+    maxnreg: int = 0  # register cap (0: none; GPU only)
 
 
 def _check_fused_override(fields: dict[str, int]) -> None:
@@ -306,8 +307,8 @@ def _check_fused_override(fields: dict[str, int]) -> None:
     if unknown:
         raise ConfigError(f"unknown fused override keys {sorted(unknown)}; known: {', '.join(FUSED_KEYS)}")
     for key, v in fields.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
-            raise ConfigError(f"fused override {key} must be a power of two, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (key != "maxnreg" and (v < 1 or v & (v - 1))):
+            raise ConfigError(f"fused override {key} must be a power of two (maxnreg: an int >= 0), got {v!r}")
 
 
 def fused_launch(rows: int, H: int, P: int, N: int, G: int, dev: DeviceClass) -> FusedLaunch:
@@ -320,12 +321,13 @@ def fused_launch(rows: int, H: int, P: int, N: int, G: int, dev: DeviceClass) ->
         block = min(spec["BLOCK_P"], pow2(P))
         while rows * H * -(-P // block) < spec["split_p_programs_per_sm"] * dev.sms and block > spec["min_block_p"]:
             block //= 2
-        launch = FusedLaunch(block_p=block, fold_n=spec["FOLD_N"], num_warps=spec["num_warps"])
+        launch = FusedLaunch(block_p=block, fold_n=spec["FOLD_N"], num_warps=spec["num_warps"],
+                             maxnreg=spec.get("maxnreg", 0))
     else:
         launch = FusedLaunch(block_p=min(pow2(P), 128), fold_n=pow2(N), num_warps=4, hpp=H // max(G, 1))
     ov = _OVERRIDE.get()
     fields = ov.fused if ov is not None else {}
-    names = {"BLOCK_P": "block_p", "FOLD_N": "fold_n", "num_warps": "num_warps"}
+    names = {"BLOCK_P": "block_p", "FOLD_N": "fold_n", "num_warps": "num_warps", "maxnreg": "maxnreg"}
     launch = attrs.evolve(launch, **{names[k]: v for k, v in fields.items()})
     if dev.compiled and launch.fold_n < 16:
         raise ConfigError(f"FOLD_N must be >= 16 on the GPU, got {launch.fold_n}")

@@ -17,6 +17,7 @@ from ssmstate.ops.reference import check_row_cursors_shape
 from ssmstate.ops.triton.common import INTERPRETED, dot_precisions, outer_strides, pow2
 from ssmstate.ops.triton.config import device_class, fused_launch
 from ssmstate.ops.triton.conv_verify_kernel import conv_verify_kernel
+from ssmstate.ops.triton.verify import KernelLaunch
 
 Tensor = torch.Tensor
 
@@ -80,6 +81,22 @@ def replay_conv_verify(
     Returns:
         ``out``.
     """
+    conv_verify_launch(checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, conv_window, conv_shift, xBC,
+                       dt, A, weight, bias, page_ids, cu_seqlens, window, out, D=D, dt_bias=dt_bias, z=z,
+                       activation=activation, dt_softplus=dt_softplus, row_cursors=row_cursors, counters=counters,
+                       pdl=pdl).run()
+    return out
+
+
+def conv_verify_launch(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring: Tensor, ring_start: Tensor,
+                       num_committed: Tensor, conv_window: Tensor, conv_shift: Tensor, xBC: Tensor, dt: Tensor,
+                       A: Tensor, weight: Tensor, bias: Tensor | None, page_ids: Tensor, cu_seqlens: Tensor,
+                       window: int, out: Tensor, D: Tensor | None = None, dt_bias: Tensor | None = None,
+                       z: Tensor | None = None, activation: str | None = "silu", dt_softplus: bool = True,
+                       row_cursors: Tensor | None = None, counters: Tensor | None = None,
+                       pdl: bool = False) -> KernelLaunch:
+    """The launch :func:`replay_conv_verify` makes for these arguments (checked first), without running it: what
+    ``tools/kernel_resources.py --fused`` compiles for a GPU on a machine without one."""
     pages, H, P, N = checkpoint.shape
     R, G = x_ring.shape[2], B_ring.shape[1]
     Dc, width = conv_window.shape[1], conv_window.shape[2]
@@ -111,11 +128,13 @@ def replay_conv_verify(
                   DT_SOFTPLUS=bool(dt_softplus), DOT_PREC=dot_prec,
                   FOLD_SPLIT=dev.compiled and B_ring.dtype in (torch.bfloat16, torch.float16), FOLD_PREC=fold_prec,
                   IDX64=INTERPRETED, NATIVE_G=dev.compiled and B_ring.dtype in (torch.bfloat16, torch.float16),
+                  ACT16=dev.compiled and x_ring.dtype in (torch.bfloat16, torch.float16),  # the interpreter: fp32 dots
                   GDC=gdc, num_warps=launch.num_warps, num_stages=1)
     if gdc:
         kwargs["launch_pdl"] = True
-    conv_verify_kernel[(H // launch.hpp * npt, rows)](*args, **kwargs)
-    return out
+    if launch.maxnreg and dev.compiled:
+        kwargs["maxnreg"] = launch.maxnreg
+    return KernelLaunch(conv_verify_kernel, (H // launch.hpp * npt, rows), args, kwargs)
 
 
 def _check(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, xBC: Tensor, conv_window: Tensor, weight: Tensor,

@@ -16,10 +16,11 @@ Who writes the conv window (updated in place) while other programs of the same l
   all N channels of B and C) and written by one: the last of them to arrive at the page's counter
   ``counters[page, g]``. Each program increments it (``atomic_add``, acquire-release, GPU scope) after a barrier
   that follows all its window reads; the program that sees ``GROUP_PROGS - 1`` knows every other program of the
-  group has read the old columns (their reads happen-before their release, which happens-before its acquire), and
-  no other program writes these channels, so it loads the old columns itself, stores the new window and resets the
-  counter to 0 for the next launch. A page is one row of a step (the manager's steps never repeat a page; padding
-  rows on page 0 skip everything), so no two rows share a counter.
+  group has read the old columns (their reads happen-before their release, which happens-before its acquire), so
+  it stores the new window (the columns every program of the group loaded with its conv inputs: old values, as no
+  other program writes these channels) and resets the counter to 0 for the next launch. A page is one row of a
+  step (the manager's steps never repeat a page; padding rows on page 0 skip everything), so no two rows share a
+  counter.
 * the rings and the checkpoint are owned as in the verify kernels: appended ring rows are disjoint from the
   history rows any program reads (``c + q <= R``), the B row by the group's first program of P tile 0, the dt row
   by P tile 0, a checkpoint tile by its (head, P tile) program.
@@ -38,25 +39,24 @@ from ssmstate.ops.triton.common import (chunk, decay, fold_chunk, fold_weights, 
 
 
 @triton.jit
-def _conv_tile(win_ch, x_ch, w_ch, b_ch, mch, s, live, end, lo, s_win_c, s_x_t, s_w_k,
-               KW: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
-    """``act(bias + Σ_j w_j seq[s + j])`` in fp32 for a tile of (channel, row token ``s``) pairs; 0 off ``live``.
+def _conv_seq(seq, w_ch, b_ch, mch, ll, ss, s_w_k, KW: tl.constexpr, TMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
+              SILU: tl.constexpr):
+    """``act(bias + Σ_j w_j seq[:, s + j])`` in fp32, a (channels, BLOCK_S) tile for window tokens ``s < TMAX``.
 
-    ``win_ch`` / ``x_ch`` / ``w_ch`` / ``b_ch``: the channels' window row, ``xBC`` column, weight row and bias
-    (broadcast along the token axis; ``mch`` their mask). Sequence column ``l`` is old window column
-    ``end - KW + l`` for ``l < KW``, else input token ``lo + l - KW``.
+    ``seq``: (channels, BLOCK_L) fp32, the channels' sequence columns (``k - 1`` history, then the row's inputs:
+    :func:`_window_seq`). ``w_ch`` / ``b_ch``: the channels' weight row and bias, (channels, 1); ``mch`` their mask.
+    Summed as :mod:`~ssmstate.ops.triton.conv` sums (products over the columns, then the bias).
     """
-    acc = tl.zeros(live.shape, dtype=tl.float32)
-    for j in tl.static_range(KW + 1):
-        col = s + j
-        v = tl.load(win_ch + (end - KW + col) * s_win_c, mask=live & (col < KW), other=0.0).to(tl.float32)
-        v += tl.load(x_ch + (lo + col - KW) * s_x_t, mask=live & (col >= KW), other=0.0).to(tl.float32)
-        acc += v * tl.load(w_ch + j * s_w_k, mask=mch, other=0.0).to(tl.float32)
+    Y = tl.zeros((seq.shape[0], ss.shape[1]), dtype=tl.float32)
+    for t in tl.static_range(TMAX):
+        j = ll - t
+        wt = tl.load(w_ch + j * s_w_k, mask=mch & (j >= 0) & (j < KW + 1), other=0.0).to(tl.float32)
+        Y = tl.where(ss == t, tl.sum(seq * wt, axis=1)[:, None], Y)
     if HAS_BIAS:
-        acc += tl.load(b_ch, mask=mch, other=0.0).to(tl.float32)
+        Y += tl.load(b_ch, mask=mch, other=0.0).to(tl.float32)
     if SILU:
-        acc = acc * tl.sigmoid(acc)
-    return tl.where(live, acc, 0.0)
+        Y = Y * tl.sigmoid(Y)
+    return Y
 
 
 @triton.jit
@@ -76,33 +76,46 @@ def _store_window(win_ch, seq, mch, ll, q, width, s_win_c, KW: tl.constexpr):
 
 
 @triton.jit
+def _load_tile(ck_page, h, s_ck_h, mS, S_CK_P: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+               EVEN: tl.constexpr):
+    """Head ``h``'s checkpoint tile (BLOCK_P, BLOCK_N), in the checkpoint's dtype."""
+    ck = ck_page + h * s_ck_h + (tl.arange(0, BLOCK_P)[:, None] * S_CK_P + tl.arange(0, BLOCK_N)[None, :])
+    if EVEN:  # no masks where P and N fill the blocks: fewer instructions
+        return tl.load(ck)
+    else:
+        return tl.load(ck, mask=mS, other=0.0)
+
+
+@triton.jit
 def _fused_head(
-    h, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp, mS, ms, ll, pt,
-    q, lo, end, width, P, N_,
+    h, S, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp, mS, ms, ll,
+    pmt, ring_w, pt, q, lo, end, width, P, N_,
     ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
     win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
     dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h,
     S_CK_P: tl.constexpr, KW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr,
     EVEN: tl.constexpr, FLUSH: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, HAS_D: tl.constexpr,
     HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr, DOT_PREC: tl.constexpr,
-    FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr, IDX64: tl.constexpr,
+    FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr, IDX64: tl.constexpr, TMAX: tl.constexpr,
+    ACT16: tl.constexpr,
 ):
     """One head of a row: its x channels' conv, the verify outputs, the ring append, the flush fold, and its x
     channels' new conv window (this program is their only reader and writer)."""
-    ck = ck_page + h * s_ck_h + (tl.arange(0, BLOCK_P)[:, None] * S_CK_P + tl.arange(0, BLOCK_N)[None, :])
-    if EVEN:
-        S = tl.load(ck)
-    else:
-        S = tl.load(ck, mask=mS, other=0.0)
     ch = h * P + offs_p  # the head's x channels of the conv
     win_ch = win_page + ch[:, None] * s_win_d
     x_ch = xbc_ptr + ch[:, None]
-    Xn = _conv_tile(win_ch, x_ch, cw_ptr + ch[:, None] * s_cw_d, cb_ptr + ch[:, None], mp[:, None], sk[None, :],
-                    mp[:, None] & is_new[None, :], end, lo, s_win_c, s_x_t, s_cw_k, KW, HAS_BIAS, SILU)
+    seq = _window_seq(win_ch, x_ch, mp[:, None], ll[None, :], q, end, lo, s_win_c, s_x_t, KW)
+    Xs = _conv_seq(seq.to(tl.float32), cw_ptr + ch[:, None] * s_cw_d, cb_ptr + ch[:, None], mp[:, None],
+                   ll[None, :], ss[None, :], s_cw_k, KW, TMAX, HAS_BIAS, SILU)
     x_rows = xr_base + h * s_xr_h + ring * s_xr_r
     Xh = tl.load(x_rows[None, :] + offs_p[:, None], mask=mp[:, None] & is_hist[None, :], other=0.0)
-    X_raw = tl.where(is_hist[None, :], Xh, Xn.to(Xh.dtype))  # (BLOCK_P, BLOCK_K), the ring's dtype
-    seq = _window_seq(win_ch, x_ch, mp[:, None], ll[None, :], q, end, lo, s_win_c, s_x_t, KW)
+    Xs = Xs.to(Xh.dtype)  # (BLOCK_P, BLOCK_S): x of the window tokens, rounded as the unfused path stores it
+    # x over the sequence (BLOCK_P, BLOCK_K): the history, plus the window's x moved to positions c + s by a 0/1
+    # matrix (one nonzero product per element: exact)
+    if ACT16:
+        XT = Xh.to(tl.float32) + tl.dot(Xs, pmt.to(Xs.dtype))
+    else:
+        XT = Xh.to(tl.float32) + tl.dot(Xs.to(tl.float32), pmt.to(tl.float32), input_precision="ieee")
     dth = tl.load(dtr_base + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
     dtn = tl.load(dt_ptr + (lo + sk) * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
     A = tl.load(A_ptr + h).to(tl.float32)
@@ -112,7 +125,6 @@ def _fused_head(
         dtn = softplus(dtn)
     dtn = tl.where(is_new, dtn, 0.0)
     dtp = tl.where(is_hist, dth, dtn)
-    XT = X_raw.to(tl.float32)
     # y_s = e^{A Λ_w} S0 C_s + Σ_{k<=w} dt_k e^{A (Λ_w - Λ_k)} (B_k.C_s) x_k + D x_w, w = c + s
     lam = tl.cumsum(dtp, axis=0)
     lam_w = tl.sum(tl.where(diag, lam[:, None], 0.0), axis=0)
@@ -128,7 +140,7 @@ def _fused_head(
     tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None], Y.to(out_ptr.dtype.element_ty),
              mask=mp[:, None] & ms[None, :])
     # append the window's x and dt rows to the ring (disjoint from the history: c + q <= R)
-    tl.store(x_rows[None, :] + offs_p[:, None], X_raw, mask=mp[:, None] & is_new[None, :])
+    tl.store(xr_base + h * s_xr_h + ring_w[None, :] * s_xr_r + offs_p[:, None], Xs, mask=mp[:, None] & ms[None, :])
     if pt == 0:
         tl.store(dtr_base + h * s_dtr_h + ring * s_dtr_r, dtn, mask=is_new)
     if FLUSH:  # S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0 chunk by chunk
@@ -143,8 +155,8 @@ def _fused_head(
 
 @triton.jit
 def _fused_heads(
-    h0, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp, mS, ms, ll, pt,
-    q, lo, end, width, P, N_,
+    h0, S, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp, mS, ms, ll,
+    pmt, ring_w, pt, q, lo, end, width, P, N_,
     ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
     win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
     dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h,
@@ -152,31 +164,29 @@ def _fused_heads(
     FOLD_N: tl.constexpr, EVEN: tl.constexpr, FLUSH: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr, IDX64: tl.constexpr,
+    TMAX: tl.constexpr, ACT16: tl.constexpr,
 ):
-    """Heads ``h0 .. h0 + HPP - 1`` of one row, one route (FLUSH is a constexpr: each loop body specialized)."""
+    """Heads ``h0 .. h0 + HPP - 1`` of one row, one route (FLUSH is a constexpr: each loop body specialized);
+    ``S`` is head ``h0``'s tile, already in flight."""
     for i in range(HPP):
-        _fused_head(h0 + i, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
-                    mS, ms, ll, pt, q, lo, end, width, P, N_,
+        _fused_head(h0 + i, S, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
+                    mS, ms, ll, pmt, ring_w, pt, q, lo, end, width, P, N_,
                     ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
                     win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
                     dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h,
                     S_CK_P, KW, BLOCK_P, BLOCK_N, FOLD_N, EVEN, FLUSH, HAS_BIAS, SILU, HAS_D, HAS_DTB, HAS_Z,
-                    DT_SOFTPLUS, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64)
+                    DT_SOFTPLUS, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, TMAX, ACT16)
+        if HPP > 1:  # the next head's tile (the last step re-loads its own head: L2 hits, no masked load)
+            S = _load_tile(ck_page, h0 + tl.minimum(i + 1, HPP - 1), s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
 
 
 @triton.jit
-def _group_window(win_page, xbc_ptr, cnt, offs_n, mn, ll, q, end, lo, width, chB, GN, s_win_d, s_win_c, s_x_t,
-                  KW: tl.constexpr, GROUP_PROGS: tl.constexpr):
-    """The group's B and C window channels: written by the group's last program to arrive (module notes)."""
+def _group_window(bw, cw, bseq, cseq, cnt, mn, ll, q, width, s_win_c, KW: tl.constexpr, GROUP_PROGS: tl.constexpr):
+    """The group's B and C window channels (``bseq``, ``cseq``: their new columns, loaded by every program of the
+    group with its conv inputs): stored by the group's last program to arrive (module notes)."""
     tl.debug_barrier()  # every thread of this program has read the old columns
     arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
     if arrived == GROUP_PROGS - 1:
-        chC = chB + GN
-        bw = win_page + chB[:, None] * s_win_d
-        cw = win_page + chC[:, None] * s_win_d
-        bseq = _window_seq(bw, xbc_ptr + chB[:, None], mn[:, None], ll[None, :], q, end, lo, s_win_c, s_x_t, KW)
-        cseq = _window_seq(cw, xbc_ptr + chC[:, None], mn[:, None], ll[None, :], q, end, lo, s_win_c, s_x_t, KW)
-        tl.debug_barrier()
         _store_window(bw, bseq, mn[:, None], ll[None, :], q, width, s_win_c, KW)
         _store_window(cw, cseq, mn[:, None], ll[None, :], q, width, s_win_c, KW)
         tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
@@ -204,7 +214,7 @@ def conv_verify_kernel(
     BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr, EVEN: tl.constexpr,
     HAS_BIAS: tl.constexpr, SILU: tl.constexpr, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
-    IDX64: tl.constexpr, NATIVE_G: tl.constexpr, GDC: tl.constexpr,
+    IDX64: tl.constexpr, NATIVE_G: tl.constexpr, ACT16: tl.constexpr, GDC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     row = tl.program_id(1)
@@ -212,12 +222,12 @@ def conv_verify_kernel(
     hc = pid // NPT  # (group, head chunk)
     g = (hc // (HPG // HPP)).to(tl.int64)
     h0 = (hc * HPP).to(tl.int64)
-    if GDC:  # a programmatic dependent (pdl=True): nothing is read before the kernel before has ended
-        pdl_wait()
     page = tl.load(page_ptr + row).to(tl.int64)
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
     if (page != 0) & (q > 0):
+        # the first head's tile is most of the first round trip and needs only the page: issue it first
+        ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * S_CK_P
         offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_n = tl.arange(0, BLOCK_N)
         if IDX64:
@@ -226,6 +236,11 @@ def conv_verify_kernel(
         mp = offs_p < P
         mn = offs_n < N
         mS = mp[:, None] & mn[None, :]
+        S = _load_tile(ck_page, h0, s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
+        c, rs = safe_cursors(tl.load(nc_ptr + page), tl.load(rs_ptr + page), window, R)
+        end = width - tl.minimum(tl.maximum(tl.load(shift_ptr + page), 0), TMAX)  # shift read clamped to [0, T]
+        if GDC:  # a programmatic dependent (pdl=True): the step's inputs only after the kernel before has ended
+            pdl_wait()
         ss = tl.arange(0, BLOCK_S)
         ms = ss < q
         tw = lo + ss
@@ -233,16 +248,16 @@ def conv_verify_kernel(
         if IDX64:
             tw = tw.to(tl.int64)
             ll = ll.to(tl.int64)
-        c, rs = safe_cursors(tl.load(nc_ptr + page), tl.load(rs_ptr + page), window, R)
-        end = width - tl.minimum(tl.maximum(tl.load(shift_ptr + page), 0), TMAX)  # shift read clamped to [0, T]
         kk = tl.arange(0, BLOCK_K)
         is_hist = kk < c
         is_new = (kk >= c) & (kk < c + q)
         is_seq = kk < c + q
         ring = (rs + kk) % R  # ring row of sequence position k (history and appended alike)
+        ring_new = (rs + c + ss) % R  # ring row of window token s
         sk = tl.maximum(kk - c, 0)  # the row's token at sequence position k (window positions)
         if IDX64:  # the interpreter checks every int32 vector op for overflow: int64 skips it
             ring = ring.to(tl.int64)
+            ring_new = ring_new.to(tl.int64)
             sk = sk.to(tl.int64)
         pos = c + ss
         causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
@@ -251,42 +266,54 @@ def conv_verify_kernel(
         # the group's B over the sequence (ring rows, then the conv of the window's inputs) and C over the window
         chB = XD + g * N + offs_n
         chC = chB + GN
-        Bn = _conv_tile(win_page + chB[None, :] * s_win_d, xbc_ptr + chB[None, :], cw_ptr + chB[None, :] * s_cw_d,
-                        cb_ptr + chB[None, :], mn[None, :], sk[:, None], is_new[:, None] & mn[None, :], end, lo,
-                        s_win_c, s_x_t, s_cw_k, KW, HAS_BIAS, SILU)
-        Cn = _conv_tile(win_page + chC[None, :] * s_win_d, xbc_ptr + chC[None, :], cw_ptr + chC[None, :] * s_cw_d,
-                        cb_ptr + chC[None, :], mn[None, :], ss[:, None], ms[:, None] & mn[None, :], end, lo,
-                        s_win_c, s_x_t, s_cw_k, KW, HAS_BIAS, SILU)
+        # their new window columns, loaded beside the conv's taps (stored by one program of the group at the end)
+        bw = win_page + chB[:, None] * s_win_d
+        cw = win_page + chC[:, None] * s_win_d
+        bseq = _window_seq(bw, xbc_ptr + chB[:, None], mn[:, None], ll[None, :], q, end, lo, s_win_c, s_x_t, KW)
+        cseq = _window_seq(cw, xbc_ptr + chC[:, None], mn[:, None], ll[None, :], q, end, lo, s_win_c, s_x_t, KW)
+        # the group's B and C over the window (channels, BLOCK_S) from their new window columns
+        Bs = _conv_seq(bseq.to(tl.float32), cw_ptr + chB[:, None] * s_cw_d, cb_ptr + chB[:, None], mn[:, None],
+                       ll[None, :], ss[None, :], s_cw_k, KW, TMAX, HAS_BIAS, SILU)
+        Cs = _conv_seq(cseq.to(tl.float32), cw_ptr + chC[:, None] * s_cw_d, cb_ptr + chC[:, None], mn[:, None],
+                       ll[None, :], ss[None, :], s_cw_k, KW, TMAX, HAS_BIAS, SILU)
         Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
         b_hist = Br_base + ring * s_Br_r  # the history's B rows (re-read per N chunk of a flush row's fold)
         Bh = tl.load(b_hist[:, None] + offs_n[None, :], mask=is_hist[:, None] & mn[None, :], other=0.0)
-        B_raw = tl.where(is_hist[:, None], Bh, Bn.to(Bh.dtype))  # (BLOCK_K, BLOCK_N), the ring's dtype
-        Cw_raw = Cn.to(Bh.dtype)  # (BLOCK_S, BLOCK_N), rounded as the unfused path stores C
+        Bs = Bs.to(Bh.dtype)  # (BLOCK_N, BLOCK_S), rounded as the unfused path stores B and C
+        Cw_raw = tl.trans(Cs.to(Bh.dtype))  # (BLOCK_S, BLOCK_N)
+        # window token s sits at sequence position c + s: pmt[s, k] = 1 there (a 0/1 placement matrix)
+        pmt = ((ss[:, None] + c) == kk[None, :]) & ms[:, None]
+        ring_w = ring_new  # ring rows of the window tokens
+        # Gram B·Cᵀ over the sequence: the history's rows, plus the window's moved to their positions (exact)
         if NATIVE_G:  # 16-bit B and C: exact products, fp32 accumulation
-            Gm = tl.dot(B_raw, tl.trans(Cw_raw))
+            Gm = tl.dot(Bh, tl.trans(Cw_raw))
+            Gs = tl.dot(tl.trans(Bs), tl.trans(Cw_raw))
         else:
-            Gm = tl.dot(B_raw.to(tl.float32), tl.trans(Cw_raw.to(tl.float32)), input_precision=DOT_PREC)
+            Gm = tl.dot(Bh.to(tl.float32), tl.trans(Cw_raw.to(tl.float32)), input_precision=DOT_PREC)
+            Gs = tl.dot(tl.trans(Bs.to(tl.float32)), tl.trans(Cw_raw.to(tl.float32)), input_precision=DOT_PREC)
+        Gm += tl.dot(tl.trans(pmt.to(tl.float32)), Gs, input_precision="ieee")
         Cd = tl.trans(Cw_raw.to(tl.float32))  # (N, BLOCK_S), readout operand
         if (pt == 0) & (h0 % HPG == 0):  # append the window's B rows to the ring, once per group
-            tl.store(b_hist[:, None] + offs_n[None, :], B_raw, mask=is_new[:, None] & mn[None, :])
+            tl.store(Br_base + ring_w[None, :] * s_Br_r + offs_n[:, None], Bs, mask=mn[:, None] & ms[None, :])
         xr_base = xr_ptr + page * s_xr_pg
         dtr_base = dtr_ptr + page * s_dtr_pg
-        ck_page = ck_ptr + page * s_ck_pg + pt * BLOCK_P * S_CK_P
         if c + q > window:  # flush: fold the history into the checkpoint, outputs from it
-            _fused_heads(h0, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
-                         mS, ms, ll, pt, q, lo, end, width, P, N,
+            _fused_heads(h0, S, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
+                         mS, ms, ll, pmt, ring_w, pt, q, lo, end, width, P, N,
                          ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
                          win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
                          dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h,
                          S_CK_P, HPP, KW, BLOCK_P, BLOCK_N, FOLD_N, EVEN, True, HAS_BIAS, SILU, HAS_D, HAS_DTB,
-                         HAS_Z, DT_SOFTPLUS, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64)
+                         HAS_Z, DT_SOFTPLUS, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, TMAX, ACT16)
         else:
-            _fused_heads(h0, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
-                         mS, ms, ll, pt, q, lo, end, width, P, N,
+            _fused_heads(h0, S, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
+                         mS, ms, ll, pmt, ring_w, pt, q, lo, end, width, P, N,
                          ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
                          win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
                          dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h,
                          S_CK_P, HPP, KW, BLOCK_P, BLOCK_N, FOLD_N, EVEN, False, HAS_BIAS, SILU, HAS_D, HAS_DTB,
-                         HAS_Z, DT_SOFTPLUS, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64)
-        _group_window(win_page, xbc_ptr, cnt_ptr + page * s_cnt_pg + g, offs_n, mn, ll, q, end, lo, width, chB,
-                      GN, s_win_d, s_win_c, s_x_t, KW, NPT * (HPG // HPP))
+                         HAS_Z, DT_SOFTPLUS, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, TMAX, ACT16)
+        _group_window(bw, cw, bseq, cseq, cnt_ptr + page * s_cnt_pg + g, mn, ll, q, width, s_win_c, KW,
+                      NPT * (HPG // HPP))
+    if GDC:  # a program that skipped its row ends only after the kernel before too
+        pdl_wait()
