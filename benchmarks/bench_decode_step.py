@@ -420,6 +420,27 @@ def print_table(rows: list[dict], variants: list[str], copy_tbps: float) -> None
             break
 
 
+def markdown(paths: list[str]) -> str:
+    """The docs/performance.md decode-step table from saved JSON files: µs per step (ratio vLLM pair ÷ variant,
+    % of copy bandwidth), the card of each file named."""
+    cols = ("ours_fused", "ours_unfused", "vllm_pair", "fi_backend", "native")
+    out = ["| card | model | batch | flush % | " + " | ".join(cols) + " |", "|---" * (4 + len(cols)) + "|"]
+    for path in paths:
+        with open(path) as fh:
+            res = json.load(fh)
+        card = res["env"]["gpu"]
+        for r in res["rows"]:
+            cells = []
+            for v in cols:
+                us = r.get(f"{v}_us")
+                x = r.get(f"{v}_vs_vllm_pair")
+                cells.append("-" if us is None else f"{us:.1f} ({x:.2f}×, {100 * r[f'{v}_frac_of_copy']:.0f} %)" if x
+                             else f"{us:.1f} ({100 * r[f'{v}_frac_of_copy']:.0f} %)")
+            out.append(f"| {card} | {r['model']} | {r['batch']} | {100 * r['flush_fraction']:.0f} | "
+                       + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def warm(spec: str) -> None:
     """JIT-build one FlashInfer kernel for a model (``MODEL:ckpt`` or ``MODEL:ssu``) and exit."""
     model, kernel = spec.split(":")
@@ -464,7 +485,11 @@ def main() -> None:
     ap.add_argument("--warm", default=None, help="only JIT-build FlashInfer's kernel MODEL:ckpt|ssu, then exit")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="the ours variants end to end on CPU under TRITON_INTERPRET=1, toy sizes, 2 layers")
+    ap.add_argument("--markdown", nargs="+", default=None, metavar="JSON",
+                    help="only print the docs table from saved JSON files (no GPU), then exit")
     args = ap.parse_args()
+    if args.markdown:
+        return print(markdown(args.markdown))
     if args.warm:
         return warm(args.warm)
     t0 = time.time()

@@ -55,3 +55,9 @@ def test_bench_decode_step_cpu_smoke(tmp_path: Path) -> None:
         assert r["ours_fused_us"] > 0 and r["ours_fused_bytes"] < r["ours_unfused_bytes"]  # no conv-output round trip
         assert r["vllm_pair_skipped"] == r["native_skipped"] == "flashinfer not importable"
     assert "µs per decode step" in res.stdout
+    md = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_decode_step.py"), "--markdown", str(out)],
+                        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert md.returncode == 0, md.stderr[-2000:]
+    lines = md.stdout.strip().splitlines()
+    assert lines[0].startswith("| card | model | batch |") and len(lines) == 2 + len(got["rows"])
+    assert f"{got['rows'][0]['ours_unfused_us']:.1f}" in lines[2]
