@@ -241,8 +241,8 @@ def print_table(rows: list[dict], have_fi: bool) -> None:
     if any("nonflush_fused_us" in r for r in rows):
         log("\nfused conv + verify (one launch per layer), µs per layer, against ours (conv + verify launches)")
         for scen in ("nonflush", "mixed"):
-            log(f"{scen}:\n{'T':>2} {'W':>3} {'batch':>5} | {'fused':>7} {'fused+pdl':>9} | {'ours':>7} {'ours+pdl':>8} | "
-                f"{'x':>5} {'x pdl':>5}")
+            log(f"{scen}:\n{'T':>2} {'W':>3} {'batch':>5} | {'fused':>7} {'fused+pdl':>9} | {'ours':>7} "
+                f"{'ours+pdl':>8} | {'x':>5} {'x pdl':>5}")
             for r in rows:
                 g = lambda k: r.get(f"{scen}_{k}")  # noqa: E731
                 log(f"{r['T']:>2} {r['W']:>3} {r['batch']:>5} | {g('fused_us'):7.2f} {g('fused_pdl_us'):9.2f} | "

@@ -295,5 +295,5 @@ def check_conv_verify_inputs(g: Mamba2Geometry, device: torch.device, L: int, xB
         check_tensor("z", z, (L, H, P), (g.act_dtype,), device)
     if out is not None:
         check_tensor("out", out, (L, H, P), (g.act_dtype,), device)
-        check_no_overlap(out, {"xBC": xBC, "dt": dt, "A": A, "weight": weight, "bias": bias, "D": D,  # type: ignore[dict-item]
-                               "dt_bias": dt_bias, "z": z})
+        inputs = {"xBC": xBC, "dt": dt, "A": A, "weight": weight, "bias": bias, "D": D, "dt_bias": dt_bias, "z": z}
+        check_no_overlap(out, inputs)  # type: ignore[arg-type]

@@ -50,7 +50,7 @@ def conv_cases(draw):
         state_dtype=draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16])),
         act_dtype=draw(st.sampled_from([torch.float32, torch.bfloat16])),
         extras=draw(st.booleans()), bias=draw(st.booleans()), activation=draw(st.sampled_from(["silu", None])),
-        empty_row=draw(st.booleans()), config=draw(st.sampled_from([None, {"BLOCK_P": 8, "FOLD_N": 8}])),
+        empty_row=draw(st.booleans()), config=draw(st.sampled_from([None, {"BLOCK_P": 8, "FOLD_N": 8}, {"HPP": 1}])),
         seed=draw(st.integers(0, 2**16)),
     )
 
@@ -63,6 +63,9 @@ def conv_cases(draw):
 @example(dict(H=4, G=2, P=24, N=24, W=6, T=6, k=4, rows=3, n_pad=0, route="flush", state_dtype=torch.bfloat16,
               act_dtype=torch.float32, extras=False, bias=False, activation=None, empty_row=False,
               config={"BLOCK_P": 8, "FOLD_N": 8}, seed=2))
+@example(dict(H=4, G=1, P=16, N=16, W=5, T=3, k=4, rows=3, n_pad=1, route="mixed", state_dtype=torch.float16,
+              act_dtype=torch.bfloat16, extras=True, bias=True, activation="silu", empty_row=False,
+              config={"HPP": 1, "BLOCK_P": 8}, seed=3))
 def test_conv_verify_matches_reference(c):
     case = make_conv_case(torch.Generator().manual_seed(c["seed"]), "cpu", **{k: v for k, v in c.items()
                                                                              if k not in ("seed", "config")})
@@ -271,4 +274,7 @@ def test_fused_launch_choice(monkeypatch):
     assert (got.block_p, got.num_warps, got.fold_n) == (32, 8, base.fold_n) and base.num_warps == 8
     with ot.override(fused={"FOLD_N": 8}):
         with pytest.raises(ConfigError, match="FOLD_N"):
+            fused_launch(1, 128, 64, 128, 8, h100)
+    with ot.override(fused={"HPP": 32}):
+        with pytest.raises(ConfigError, match="HPP"):
             fused_launch(1, 128, 64, 128, 8, h100)

@@ -288,7 +288,7 @@ def _check_tma(launch: Launch, hpg: int, N: int, R: int, rows: int) -> None:
 # -- the fused conv + verify kernel ----------------------------------------------------------
 
 #: the fields ``override(fused=...)`` may set
-FUSED_KEYS = ("BLOCK_P", "FOLD_N", "num_warps", "maxnreg")
+FUSED_KEYS = ("BLOCK_P", "FOLD_N", "num_warps", "maxnreg", "HPP")
 
 
 @attrs.frozen
@@ -327,8 +327,10 @@ def fused_launch(rows: int, H: int, P: int, N: int, G: int, dev: DeviceClass) ->
         launch = FusedLaunch(block_p=min(pow2(P), 128), fold_n=pow2(N), num_warps=4, hpp=H // max(G, 1))
     ov = _OVERRIDE.get()
     fields = ov.fused if ov is not None else {}
-    names = {"BLOCK_P": "block_p", "FOLD_N": "fold_n", "num_warps": "num_warps", "maxnreg": "maxnreg"}
+    names = {"BLOCK_P": "block_p", "FOLD_N": "fold_n", "num_warps": "num_warps", "maxnreg": "maxnreg", "HPP": "hpp"}
     launch = attrs.evolve(launch, **{names[k]: v for k, v in fields.items()})
     if dev.compiled and launch.fold_n < 16:
         raise ConfigError(f"FOLD_N must be >= 16 on the GPU, got {launch.fold_n}")
+    if (H // max(G, 1)) % launch.hpp:
+        raise ConfigError(f"HPP must divide the {H // max(G, 1)} heads per group, got {launch.hpp}")
     return launch
