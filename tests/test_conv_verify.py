@@ -278,3 +278,28 @@ def test_fused_launch_choice(monkeypatch):
     with ot.override(fused={"HPP": 32}):
         with pytest.raises(ConfigError, match="HPP"):
             fused_launch(1, 128, 64, 128, 8, h100)
+
+
+def test_backend_takes_the_pair_past_max_rows():
+    """Steps of more rows than the table's ``fused.max_rows`` run the conv and verify kernels: same results, the
+    fused kernel's counters never touched."""
+    from ssmstate.backends.layer_step import _BUFFERS
+
+    geom = Mamba2Geometry(num_heads=2, head_dim=16, state_size=16, n_groups=1, conv_kernel=4, num_layers=1,
+                          state_dtype=torch.float32, act_dtype=torch.float32)
+    mf, mp = _managers(geom, SpecConfig(2, window=4), ["triton", "triton"])
+    prm = _params(geom, torch.Generator().manual_seed(3))[0]
+    for m in (mf, mp):
+        m.admit("a")
+        m.admit("b")
+    plans = [m.begin_step(["a", "b"], [3, 2]) for m in (mf, mp)]
+    gen = torch.Generator().manual_seed(4)
+    xBC, dt = torch.randn(5, geom.conv_dim_per_rank, generator=gen), torch.randn(5, 2, generator=gen)
+    y1 = mf.conv_verify(0, plans[0], xBC, dt, prm["A"], prm["w"], prm["b"])
+    with ot.override(fused={"MAX_ROWS": 1}):
+        y2 = mp.conv_verify(0, plans[1], xBC, dt, prm["A"], prm["w"], prm["b"])
+    assert mf.cache in _BUFFERS and _BUFFERS[mf.cache].counters is not None
+    assert mp.cache not in _BUFFERS or _BUFFERS[mp.cache].counters is None, "the pair ran the fused kernel"
+    assert ref_rel(y1, y2) < 5e-5
+    for name in ("checkpoint", "x_ring", "B_ring", "dt_ring", "conv"):
+        assert ref_rel(mf.cache.layers[0][name], mp.cache.layers[0][name]) < 5e-5, name

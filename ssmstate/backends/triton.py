@@ -121,12 +121,13 @@ class TritonBackend:
     def conv_verify(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, dt: Tensor, A: Tensor,
                     weight: Tensor, bias: Tensor | None, activation: str | None, D: Tensor | None,
                     dt_bias: Tensor | None, z: Tensor | None, out: Tensor) -> Tensor:
-        """One fused launch (:func:`~ssmstate.ops.triton.replay_conv_verify`); a checkpoint dtype it does not take
-        (8-bit) runs ``conv`` then ``verify``. With ``pdl`` the launch waits for the kernel before it, then lets
+        """One fused launch (:func:`~ssmstate.ops.triton.replay_conv_verify`) for steps of up to the launch table's
+        ``fused.max_rows`` rows (more rows: ``conv`` then ``verify``, faster there), a checkpoint dtype it does not
+        take (8-bit): ``conv`` then ``verify``. With ``pdl`` the launch waits for the kernel before it, then lets
         the next one launch."""
         t = cache.layers[layer]
         ops = _ops()
-        if t["checkpoint"].dtype not in ops.conv_verify.STATE_DTYPES:
+        if t["checkpoint"].dtype not in ops.conv_verify.STATE_DTYPES or plan.num_rows > ops.config.fused_max_rows():
             return unfused_conv_verify(self, cache, layer, plan, xBC, dt, A, weight, bias, activation, D, dt_bias,
                                        z, out)
         return ops.replay_conv_verify(

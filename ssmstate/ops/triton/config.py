@@ -288,7 +288,7 @@ def _check_tma(launch: Launch, hpg: int, N: int, R: int, rows: int) -> None:
 # -- the fused conv + verify kernel ----------------------------------------------------------
 
 #: the fields ``override(fused=...)`` may set
-FUSED_KEYS = ("BLOCK_P", "FOLD_N", "num_warps", "maxnreg", "HPP")
+FUSED_KEYS = ("BLOCK_P", "FOLD_N", "num_warps", "maxnreg", "HPP", "MAX_ROWS")
 
 
 @attrs.frozen
@@ -307,8 +307,19 @@ def _check_fused_override(fields: dict[str, int]) -> None:
     if unknown:
         raise ConfigError(f"unknown fused override keys {sorted(unknown)}; known: {', '.join(FUSED_KEYS)}")
     for key, v in fields.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (key != "maxnreg" and (v < 1 or v & (v - 1))):
-            raise ConfigError(f"fused override {key} must be a power of two (maxnreg: an int >= 0), got {v!r}")
+        pow2_key = key not in ("maxnreg", "MAX_ROWS")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (pow2_key and (v < 1 or v & (v - 1))):
+            raise ConfigError(f"fused override {key} must be a power of two (maxnreg, MAX_ROWS: an int >= 0), "
+                              f"got {v!r}")
+
+
+def fused_max_rows() -> int:
+    """The most rows a step may have for the "triton" backend's ``conv_verify`` to run the fused kernel (more: its
+    conv and verify launches, faster there); the table's ``max_rows``, or an :func:`override`'s ``MAX_ROWS``."""
+    ov = _OVERRIDE.get()
+    if ov is not None and "MAX_ROWS" in ov.fused:
+        return ov.fused["MAX_ROWS"]
+    return table()["fused"]["max_rows"]
 
 
 def fused_launch(rows: int, H: int, P: int, N: int, G: int, dev: DeviceClass) -> FusedLaunch:
@@ -328,7 +339,7 @@ def fused_launch(rows: int, H: int, P: int, N: int, G: int, dev: DeviceClass) ->
     ov = _OVERRIDE.get()
     fields = ov.fused if ov is not None else {}
     names = {"BLOCK_P": "block_p", "FOLD_N": "fold_n", "num_warps": "num_warps", "maxnreg": "maxnreg", "HPP": "hpp"}
-    launch = attrs.evolve(launch, **{names[k]: v for k, v in fields.items()})
+    launch = attrs.evolve(launch, **{names[k]: v for k, v in fields.items() if k in names})
     if dev.compiled and launch.fold_n < 16:
         raise ConfigError(f"FOLD_N must be >= 16 on the GPU, got {launch.fold_n}")
     if (H // max(G, 1)) % launch.hpp:

@@ -87,8 +87,33 @@ def _load_tile(ck_page, h, s_ck_h, mS, S_CK_P: tl.constexpr, BLOCK_P: tl.constex
 
 
 @triton.jit
+def _head_loads(h, is_hist, is_new, ring, sk, tw, offs_p, mp, ms, ll, q, lo, end, P, win_page, s_win_d, s_win_c,
+                xbc_ptr, s_x_t, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr,
+                D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, KW: tl.constexpr, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr,
+                HAS_Z: tl.constexpr):
+    """Head ``h``'s global loads, issued together (before the group's conv math, so they are in flight with it):
+    its x channels' window columns and inputs, its x and dt history, dt of the window, A, D, dt_bias, z."""
+    ch = h * P + offs_p
+    seq = _window_seq(win_page + ch[:, None] * s_win_d, xbc_ptr + ch[:, None], mp[:, None], ll[None, :], q, end, lo,
+                      s_win_c, s_x_t, KW)
+    x_rows = xr_base + h * s_xr_h + ring * s_xr_r
+    Xh = tl.load(x_rows[None, :] + offs_p[:, None], mask=mp[:, None] & is_hist[None, :], other=0.0)
+    dth = tl.load(dtr_base + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
+    dtn = tl.load(dt_ptr + (lo + sk) * s_dt_t + h * s_dt_h, mask=is_new, other=0.0)
+    A = tl.load(A_ptr + h)
+    Dh = tl.load(D_ptr + h) if HAS_D else A
+    dtb = tl.load(dtb_ptr + h) if HAS_DTB else A
+    if HAS_Z:
+        zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=mp[:, None] & ms[None, :],
+                     other=0.0)
+    else:
+        zz = A
+    return seq, Xh, dth, dtn, A, Dh, dtb, zz
+
+
+@triton.jit
 def _fused_head(
-    h, S, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp, mS, ms, ll,
+    h, S, seq, Xh, dth, dtn, A, Dh, dtb, zz, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp, mS, ms, ll,
     pmt, ring_w, pt, q, lo, end, width, P, N_,
     ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
     win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
@@ -103,12 +128,8 @@ def _fused_head(
     channels' new conv window (this program is their only reader and writer)."""
     ch = h * P + offs_p  # the head's x channels of the conv
     win_ch = win_page + ch[:, None] * s_win_d
-    x_ch = xbc_ptr + ch[:, None]
-    seq = _window_seq(win_ch, x_ch, mp[:, None], ll[None, :], q, end, lo, s_win_c, s_x_t, KW)
     Xs = _conv_seq(seq.to(tl.float32), cw_ptr + ch[:, None] * s_cw_d, cb_ptr + ch[:, None], mp[:, None],
                    ll[None, :], ss[None, :], s_cw_k, KW, TMAX, HAS_BIAS, SILU)
-    x_rows = xr_base + h * s_xr_h + ring * s_xr_r
-    Xh = tl.load(x_rows[None, :] + offs_p[:, None], mask=mp[:, None] & is_hist[None, :], other=0.0)
     Xs = Xs.to(Xh.dtype)  # (BLOCK_P, BLOCK_S): x of the window tokens, rounded as the unfused path stores it
     # x over the sequence (BLOCK_P, BLOCK_K): the history, plus the window's x moved to positions c + s by a 0/1
     # matrix (one nonzero product per element: exact)
@@ -116,11 +137,10 @@ def _fused_head(
         XT = Xh.to(tl.float32) + tl.dot(Xs, pmt.to(Xs.dtype))
     else:
         XT = Xh.to(tl.float32) + tl.dot(Xs.to(tl.float32), pmt.to(tl.float32), input_precision="ieee")
-    dth = tl.load(dtr_base + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
-    dtn = tl.load(dt_ptr + (lo + sk) * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
-    A = tl.load(A_ptr + h).to(tl.float32)
+    dtn = dtn.to(tl.float32)
+    A = A.to(tl.float32)
     if HAS_DTB:
-        dtn += tl.load(dtb_ptr + h).to(tl.float32)
+        dtn += dtb.to(tl.float32)
     if DT_SOFTPLUS:
         dtn = softplus(dtn)
     dtn = tl.where(is_new, dtn, 0.0)
@@ -130,12 +150,11 @@ def _fused_head(
     lam_w = tl.sum(tl.where(diag, lam[:, None], 0.0), axis=0)
     F = tl.where(causal, Gm * dtp[:, None] * decay(A, lam_w[None, :] - lam[:, None]), 0.0)
     if HAS_D:  # D x_w rides on the diagonal k = w of the factor matrix
-        F += tl.where(diag, tl.load(D_ptr + h).to(tl.float32), 0.0)
+        F += tl.where(diag, Dh.to(tl.float32), 0.0)
     Y = tl.dot(XT, F, input_precision=DOT_PREC)
     Y += tl.dot(S.to(tl.float32), Cd, input_precision=DOT_PREC) * decay(A, lam_w)[None, :]
     if HAS_Z:
-        z = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=mp[:, None] & ms[None, :],
-                    other=0.0).to(tl.float32)
+        z = zz.to(tl.float32)
         Y *= z * tl.sigmoid(z)
     tl.store(out_ptr + tw[None, :] * s_o_t + h * s_o_h + offs_p[:, None], Y.to(out_ptr.dtype.element_ty),
              mask=mp[:, None] & ms[None, :])
@@ -155,7 +174,7 @@ def _fused_head(
 
 @triton.jit
 def _fused_heads(
-    h0, S, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp, mS, ms, ll,
+    h0, S, seq, Xh, dth, dtn, A, Dh, dtb, zz, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp, mS, ms, ll,
     pmt, ring_w, pt, q, lo, end, width, P, N_,
     ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
     win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
@@ -167,29 +186,35 @@ def _fused_heads(
     TMAX: tl.constexpr, ACT16: tl.constexpr,
 ):
     """Heads ``h0 .. h0 + HPP - 1`` of one row, one route (FLUSH is a constexpr: each loop body specialized);
-    ``S`` is head ``h0``'s tile, already in flight."""
+    ``S`` and the other loads are head ``h0``'s, already in flight."""
     for i in range(HPP):
-        _fused_head(h0 + i, S, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
+        _fused_head(h0 + i, S, seq, Xh, dth, dtn, A, Dh, dtb, zz, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
                     mS, ms, ll, pmt, ring_w, pt, q, lo, end, width, P, N_,
                     ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
                     win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
                     dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h,
                     S_CK_P, KW, BLOCK_P, BLOCK_N, FOLD_N, EVEN, FLUSH, HAS_BIAS, SILU, HAS_D, HAS_DTB, HAS_Z,
                     DT_SOFTPLUS, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, TMAX, ACT16)
-        if HPP > 1:  # the next head's tile (the last step re-loads its own head: L2 hits, no masked load)
-            S = _load_tile(ck_page, h0 + tl.minimum(i + 1, HPP - 1), s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
+        if HPP > 1:  # the next head's loads (the last step re-loads its own head: L2 hits, no masked load)
+            hn = h0 + tl.minimum(i + 1, HPP - 1)
+            S = _load_tile(ck_page, hn, s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
+            seq, Xh, dth, dtn, A, Dh, dtb, zz = _head_loads(
+                hn, is_hist, is_new, ring, sk, tw, offs_p, mp, ms, ll, q, lo, end, P, win_page, s_win_d, s_win_c,
+                xbc_ptr, s_x_t, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr,
+                D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, KW, HAS_D, HAS_DTB, HAS_Z)
 
 
 @triton.jit
-def _group_window(bw, cw, bseq, cseq, cnt, mn, ll, q, width, s_win_c, KW: tl.constexpr, GROUP_PROGS: tl.constexpr):
-    """The group's B and C window channels (``bseq``, ``cseq``: their new columns, loaded by every program of the
-    group with its conv inputs): stored by the group's last program to arrive (module notes)."""
-    tl.debug_barrier()  # every thread of this program has read the old columns
+def _arrive(cnt, GROUP_PROGS: tl.constexpr):
+    """Count this program in at its group's counter, after a barrier that follows every thread's reads of the group's
+    old B/C window columns; the last of the group's ``GROUP_PROGS`` programs to arrive (True) resets it to 0 and then
+    owns the B/C window write (module notes)."""
+    tl.debug_barrier()
     arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-    if arrived == GROUP_PROGS - 1:
-        _store_window(bw, bseq, mn[:, None], ll[None, :], q, width, s_win_c, KW)
-        _store_window(cw, cseq, mn[:, None], ll[None, :], q, width, s_win_c, KW)
+    last = arrived == GROUP_PROGS - 1
+    if last:
         tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+    return last
 
 
 @triton.jit
@@ -271,34 +296,41 @@ def conv_verify_kernel(
         cw = win_page + chC[:, None] * s_win_d
         bseq = _window_seq(bw, xbc_ptr + chB[:, None], mn[:, None], ll[None, :], q, end, lo, s_win_c, s_x_t, KW)
         cseq = _window_seq(cw, xbc_ptr + chC[:, None], mn[:, None], ll[None, :], q, end, lo, s_win_c, s_x_t, KW)
+        Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
+        b_hist = Br_base + ring * s_Br_r  # the history's B rows (re-read per N chunk of a flush row's fold)
+        Bh = tl.load(b_hist[:, None] + offs_n[None, :], mask=is_hist[:, None] & mn[None, :], other=0.0)
+        xr_base = xr_ptr + page * s_xr_pg
+        dtr_base = dtr_ptr + page * s_dtr_pg
+        seq, Xh, dth, dtn, A, Dh, dtb, zz = _head_loads(
+            h0, is_hist, is_new, ring, sk, tw, offs_p, mp, ms, ll, q, lo, end, P, win_page, s_win_d, s_win_c,
+            xbc_ptr, s_x_t, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr,
+            D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, KW, HAS_D, HAS_DTB, HAS_Z)
         # the group's B and C over the window (channels, BLOCK_S) from their new window columns
         Bs = _conv_seq(bseq.to(tl.float32), cw_ptr + chB[:, None] * s_cw_d, cb_ptr + chB[:, None], mn[:, None],
                        ll[None, :], ss[None, :], s_cw_k, KW, TMAX, HAS_BIAS, SILU)
         Cs = _conv_seq(cseq.to(tl.float32), cw_ptr + chC[:, None] * s_cw_d, cb_ptr + chC[:, None], mn[:, None],
                        ll[None, :], ss[None, :], s_cw_k, KW, TMAX, HAS_BIAS, SILU)
-        Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
-        b_hist = Br_base + ring * s_Br_r  # the history's B rows (re-read per N chunk of a flush row's fold)
-        Bh = tl.load(b_hist[:, None] + offs_n[None, :], mask=is_hist[:, None] & mn[None, :], other=0.0)
+        # this program has read the group's old B/C window columns (bseq, cseq consumed): arrive at the counter
+        last = _arrive(cnt_ptr + page * s_cnt_pg + g, NPT * (HPG // HPP))
         Bs = Bs.to(Bh.dtype)  # (BLOCK_N, BLOCK_S), rounded as the unfused path stores B and C
-        Cw_raw = tl.trans(Cs.to(Bh.dtype))  # (BLOCK_S, BLOCK_N)
+        Cs = Cs.to(Bh.dtype)
         # window token s sits at sequence position c + s: pmt[s, k] = 1 there (a 0/1 placement matrix)
         pmt = ((ss[:, None] + c) == kk[None, :]) & ms[:, None]
+        pm = (kk[:, None] == (ss + c)[None, :]) & ms[None, :]  # its transpose
         ring_w = ring_new  # ring rows of the window tokens
         # Gram B·Cᵀ over the sequence: the history's rows, plus the window's moved to their positions (exact)
         if NATIVE_G:  # 16-bit B and C: exact products, fp32 accumulation
-            Gm = tl.dot(Bh, tl.trans(Cw_raw))
-            Gs = tl.dot(tl.trans(Bs), tl.trans(Cw_raw))
+            Gm = tl.dot(Bh, Cs)
+            Gs = tl.dot(tl.trans(Bs), Cs)
         else:
-            Gm = tl.dot(Bh.to(tl.float32), tl.trans(Cw_raw.to(tl.float32)), input_precision=DOT_PREC)
-            Gs = tl.dot(tl.trans(Bs.to(tl.float32)), tl.trans(Cw_raw.to(tl.float32)), input_precision=DOT_PREC)
-        Gm += tl.dot(tl.trans(pmt.to(tl.float32)), Gs, input_precision="ieee")
-        Cd = tl.trans(Cw_raw.to(tl.float32))  # (N, BLOCK_S), readout operand
+            Gm = tl.dot(Bh.to(tl.float32), Cs.to(tl.float32), input_precision=DOT_PREC)
+            Gs = tl.dot(tl.trans(Bs.to(tl.float32)), Cs.to(tl.float32), input_precision=DOT_PREC)
+        Gm += tl.dot(pm.to(tl.float32), Gs, input_precision="ieee")
+        Cd = Cs.to(tl.float32)  # (N, BLOCK_S), readout operand
         if (pt == 0) & (h0 % HPG == 0):  # append the window's B rows to the ring, once per group
             tl.store(Br_base + ring_w[None, :] * s_Br_r + offs_n[:, None], Bs, mask=mn[:, None] & ms[None, :])
-        xr_base = xr_ptr + page * s_xr_pg
-        dtr_base = dtr_ptr + page * s_dtr_pg
         if c + q > window:  # flush: fold the history into the checkpoint, outputs from it
-            _fused_heads(h0, S, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
+            _fused_heads(h0, S, seq, Xh, dth, dtn, A, Dh, dtb, zz, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
                          mS, ms, ll, pmt, ring_w, pt, q, lo, end, width, P, N,
                          ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
                          win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
@@ -306,14 +338,15 @@ def conv_verify_kernel(
                          S_CK_P, HPP, KW, BLOCK_P, BLOCK_N, FOLD_N, EVEN, True, HAS_BIAS, SILU, HAS_D, HAS_DTB,
                          HAS_Z, DT_SOFTPLUS, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, TMAX, ACT16)
         else:
-            _fused_heads(h0, S, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
+            _fused_heads(h0, S, seq, Xh, dth, dtn, A, Dh, dtb, zz, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
                          mS, ms, ll, pmt, ring_w, pt, q, lo, end, width, P, N,
                          ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,
                          win_page, s_win_d, s_win_c, xbc_ptr, s_x_t, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
                          dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h,
                          S_CK_P, HPP, KW, BLOCK_P, BLOCK_N, FOLD_N, EVEN, False, HAS_BIAS, SILU, HAS_D, HAS_DTB,
                          HAS_Z, DT_SOFTPLUS, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, TMAX, ACT16)
-        _group_window(bw, cw, bseq, cseq, cnt_ptr + page * s_cnt_pg + g, mn, ll, q, width, s_win_c, KW,
-                      NPT * (HPG // HPP))
+        if last:  # every other program of the group has read the old columns: the new B and C window
+            _store_window(bw, bseq, mn[:, None], ll[None, :], q, width, s_win_c, KW)
+            _store_window(cw, cseq, mn[:, None], ll[None, :], q, width, s_win_c, KW)
     if GDC:  # a program that skipped its row ends only after the kernel before too
         pdl_wait()
