@@ -325,12 +325,6 @@ def bench_model(model: str, batches: list[int], variants: list[str], args, fi, v
     fi_backend = None
     if fi is not None and any(v in variants for v in ("vllm_pair", "fi_backend", "diag_oursconv_fiverify")):
         fi_backend = StateManager(layout, 2, device=bv.DEV, backend="flashinfer", max_batch=1).backend
-        t0 = time.time()
-        fi_backend.tune(layout, bv.DEV, batches, reps=args.tune_reps)
-        log(f"  FlashInferBackend.tune({batches}) {time.time() - t0:.1f} s:")
-        for r in fi_backend.tune_report:
-            log(f"    {r['form']:>6} batch {r['batch']:>3}: " + " ".join(f"{a} {us:.2f} us" for a, us in r["us"].items())
-                + f" -> {r['chosen']}" + (f" (auto runs: {r['auto_runs']})" if "auto_runs" in r else ""))
     rows_out = []
     steps = args.warm_steps + args.steps
     for b in batches:
@@ -338,15 +332,22 @@ def bench_model(model: str, batches: list[int], variants: list[str], args, fi, v
         flush_frac, mean_c = cursor_stats(acc, args.warm_steps)
         row = {"model": model, "batch": b, "layers": g.num_layers, "flush_fraction": flush_frac,
                "mean_history_rows": mean_c}
-        if fi_backend is not None:
+        if fi_backend is not None:  # tuned batch by batch, so a run cut short keeps complete batches
+            t0 = time.time()
+            row["fi_tune"] = fi_backend.tune(layout, bv.DEV, [b], reps=args.tune_reps)
+            row["fi_tune_s"] = time.time() - t0
             row["fi_algorithm"] = fi_backend.algorithm_for("dense", b)
-            row["fi_tune"] = [r for r in fi_backend.tune_report if r["batch"] == b]
+            for r in row["fi_tune"]:
+                log(f"  tune {r['form']:>6} batch {b:>3}: " + " ".join(f"{a} {us:.2f} us" for a, us in r["us"].items())
+                    + f" -> {r['chosen']}" + (f" (auto runs: {r['auto_runs']})" if "auto_runs" in r else ""))
         inp = Inputs(g, b, K + 1)
         acc_t = [torch.tensor(a, dtype=torch.int32).pin_memory() if not bv.SMOKE else torch.tensor(a, dtype=torch.int32)
                  for a in acc]
         first = torch.ones(b, dtype=torch.int32)
         for v in variants:
             why = skip_reason(v, fi, vconv)
+            if why is None and v in EXTRA and args.extra_batches and b not in args.extra_batches:
+                why = "not run at this batch (--extra-batches)"
             if why:
                 row[f"{v}_skipped"] = why
                 continue
@@ -481,6 +482,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="timed steps per point (default 40; smoke 2)")
     ap.add_argument("--warm-steps", type=int, default=None, help="steps before timing (default 24; smoke 1)")
     ap.add_argument("--tune-reps", type=int, default=10)
+    ap.add_argument("--extra-batches", default=None,
+                    help=f"run the extra variants ({', '.join(EXTRA)}) only at these batches (default: every batch)")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--warm", default=None, help="only JIT-build FlashInfer's kernel MODEL:ckpt|ssu, then exit")
     ap.add_argument("--cpu-smoke", action="store_true",
@@ -504,6 +507,7 @@ def main() -> None:
     args.steps = args.steps or smoke(2, 40)
     args.warm_steps = args.warm_steps if args.warm_steps is not None else smoke(1, 24)
     variants = args.variants.split(",")
+    args.extra_batches = [int(b) for b in args.extra_batches.split(",")] if args.extra_batches else None
     models = (args.models or smoke(MODELS[0], ",".join(MODELS))).split(",")
     fi, fi_version = bv.load_flashinfer(args.no_flashinfer)
     vconv = None if args.cpu_smoke else load_vllm_conv()
