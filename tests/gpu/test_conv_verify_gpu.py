@@ -30,7 +30,7 @@ def fused_at_every_batch():
 NEMO = dict(H=128, G=8, P=64, N=128)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 8, 33, 64, 128, 256])
+@pytest.mark.parametrize("rows", [1, 8, 33, 256])
 @pytest.mark.parametrize("route", ["mixed", "flush", "nonflush"])
 def test_conv_verify_nemotron(rows, route):
     gen = torch.Generator().manual_seed(rows * 10 + len(route))
