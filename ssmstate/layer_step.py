@@ -31,9 +31,9 @@ class LayerStep:
         """:meth:`conv` then :meth:`verify` of one layer in one call: the conv output of ``xBC``, split into x, B
         and C in Nemotron-H's channel order (x: H·P channels, then B and C: G·N each), is the verify's input.
 
-        The "triton" backend runs it as one kernel that never writes the conv output to memory (steps of more rows
-        than its launch table's ``fused.max_rows``, and 8-bit checkpoints: its conv and verify kernels); the others
-        run their conv and verify. The layer counts as both conv'd and
+        The "triton" backend runs it as one kernel that never writes the conv output to memory for steps of up to
+        its launch table's ``fused.max_rows`` rows (0: measured slower than the pair so far) on 16/32-bit
+        checkpoints, else its conv and verify kernels; the others run their conv and verify. The layer counts as both conv'd and
         verified in the step. Bad arguments raise before anything is changed.
 
         Args:

@@ -32,6 +32,13 @@ from ssmstate.ops import reference as ref  # noqa: E402
 from ssmstate.ops import triton as ot  # noqa: E402
 from tests.conv_verify_cases import compare_conv_verify, make_conv_case, run_conv_verify  # noqa: E402
 
+@pytest.fixture(autouse=True)
+def fused_at_every_batch():
+    """The manager's triton ``conv_verify`` takes the fused kernel here whatever the table's ``fused.max_rows``."""
+    with ot.override(fused={"MAX_ROWS": 1 << 20}):
+        yield
+
+
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
                 phases=[Phase.explicit, Phase.reuse, Phase.generate])
 TOL = {torch.float32: 3e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
@@ -262,7 +269,8 @@ def test_fused_launch_choice(monkeypatch):
     from ssmstate.ops.triton.config import DeviceClass, fused_launch
 
     h100 = DeviceClass(compiled=True, sms=132, gbps_per_sm=25.4)
-    assert [fused_launch(b, 128, 64, 128, 8, h100).block_p for b in (1, 256)] == [64, 64]  # the table: no split
+    with ot.override():
+        assert [fused_launch(b, 128, 64, 128, 8, h100).block_p for b in (1, 256)] == [64, 64]  # the table: no split
     monkeypatch.setitem(config.table()["fused"], "split_p_programs_per_sm", 2)
     assert [fused_launch(b, 128, 64, 128, 8, h100).block_p for b in (1, 2, 4, 256)] == [16, 32, 64, 64]
     assert fused_launch(1, 128, 64, 128, 8, h100).hpp == 1

@@ -15,8 +15,8 @@ through Triton's own argument binder so the specialization
 bytes), the operands that stay in shared memory next to the checkpoint tile.
 
 Run: ``python tools/kernel_resources.py --batch 256 --T 4 --W 16 [--config '{"shape": "pipelined"}'] [--pdl]
-[--allocs] [--fused]`` (a config: launch override keys, or with ``--fused`` the fused kernel's``BLOCK_P``/``FOLD_N``/
-``num_warps``, see :func:`ssmstate.ops.triton.override`); the launch passes row cursors
+[--allocs] [--fused]`` (a config: launch override keys, or with ``--fused`` the fused kernel's ``BLOCK_P``,
+``FOLD_N``, ``num_warps``, ``maxnreg``, ``HPP``; see :func:`ssmstate.ops.triton.override`); the launch passes row cursors
 as the manager does (``StepPlan.row_cursors``) unless a config says ``"ROW_CURSORS": 0``.
 """
 

@@ -122,8 +122,8 @@ class TritonBackend:
                     weight: Tensor, bias: Tensor | None, activation: str | None, D: Tensor | None,
                     dt_bias: Tensor | None, z: Tensor | None, out: Tensor) -> Tensor:
         """One fused launch (:func:`~ssmstate.ops.triton.replay_conv_verify`) for steps of up to the launch table's
-        ``fused.max_rows`` rows (more rows: ``conv`` then ``verify``, faster there), a checkpoint dtype it does not
-        take (8-bit): ``conv`` then ``verify``. With ``pdl`` the launch waits for the kernel before it, then lets
+        ``fused.max_rows`` rows (0: the fused kernel measured slower than the pair at every batch so far), else
+        (and for a checkpoint dtype it does not take: 8-bit) ``conv`` then ``verify``. With ``pdl`` the launch waits for the kernel before it, then lets
         the next one launch."""
         t = cache.layers[layer]
         ops = _ops()

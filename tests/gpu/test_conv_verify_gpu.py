@@ -20,10 +20,17 @@ from tests.conv_verify_cases import compare_conv_verify, make_conv_case, run_con
 from tests.test_triton_common import rel
 
 DEV = "cuda"
+
+
+@pytest.fixture(autouse=True)
+def fused_at_every_batch():
+    """The manager's triton ``conv_verify`` takes the fused kernel here whatever the table's ``fused.max_rows``."""
+    with trk.override(fused={"MAX_ROWS": 1 << 20}):
+        yield
 NEMO = dict(H=128, G=8, P=64, N=128)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 8, 33, 64, 128, 256])
+@pytest.mark.parametrize("rows", [1, 8, 33, 256])
 @pytest.mark.parametrize("route", ["mixed", "flush", "nonflush"])
 def test_conv_verify_nemotron(rows, route):
     gen = torch.Generator().manual_seed(rows * 10 + len(route))
