@@ -160,6 +160,7 @@ def manager_step(variant: str, g, rows: int, inp: Inputs, fi_backend, vconv, l2:
     from ssmstate import PageLayout, SpecConfig, StateManager
     from ssmstate.ops import triton as trk
     from ssmstate.ops.reference import split_xbc
+    from ssmstate.ops.triton import override
 
     T = K + 1
     layout = PageLayout.replay(g, SpecConfig(K, window=W))
@@ -183,9 +184,10 @@ def manager_step(variant: str, g, rows: int, inp: Inputs, fi_backend, vconv, l2:
 
     def body(plan):
         for lay in range(g.num_layers):
-            if variant.startswith("ours_fused"):
-                m.conv_verify(lay, plan, inp.xBC, inp.dt, inp.A, inp.weight, inp.bias, D=inp.D, dt_bias=inp.dt_bias,
-                              out=inp.y)
+            if variant.startswith("ours_fused"):  # the fused kernel is off by default (launch table): force it
+                with override(fused={"MAX_ROWS": 1 << 20}):
+                    m.conv_verify(lay, plan, inp.xBC, inp.dt, inp.A, inp.weight, inp.bias, D=inp.D,
+                                  dt_bias=inp.dt_bias, out=inp.y)
                 continue
             if conv_by == "vllm":
                 co = vconv(inp.xBC, vstate[lay], inp.weight, inp.bias, "silu", conv_state_indices=plan.page_ids,
