@@ -18,6 +18,8 @@ output. Chains:
 * ``fi_<algo>`` / ``fi_<algo>_pdl``: conv then FlashInfer (algorithm "auto" and "monolith"; ``enable_pdl``
   and the conv's ``pdl`` together);
 * ``ours_verify`` / ``fi_<algo>_verify``: the verify alone, chained, as ``bench_verify.py`` times it;
+* ``fused`` / ``fused_pdl`` (``--fused``): the layer as one launch, :func:`ssmstate.ops.triton.replay_conv_verify`,
+  reading ``xBC`` and writing no conv output; ``fused_cfg<i>``: its ``--fused-configs`` launch overrides;
 * ``ours_pdl_cfg<i>``: ``ours_pdl`` with the i-th ``--pdl-configs`` launch override (e.g. ``{"shape": "one_head"}``; see
   :func:`ssmstate.ops.triton.override`).
 
@@ -114,6 +116,16 @@ def bench(T: int, W: int, batches: list[int], fi, args, l2: int, pdl_configs: li
                                       pdl=pdl)
             return call
 
+        counters = torch.zeros(pages, G, dtype=torch.int32, device=bv.DEV)
+
+        def fused(j, pdl, cfg=None):  # conv + verify in one launch (replay_conv_verify), no conv output written
+            def call():
+                with trk.override(fused=cfg or {}):
+                    trk.replay_conv_verify(pool.ck, pool.xr, pool.Br, pool.dtr, pool.rs, pool.nc, conv_win,
+                                           conv_shift, xBC[:L], dt, pool.A, cw, cb, sets[j], cu, W, out, D=pool.D,
+                                           dt_bias=pool.dt_bias, counters=counters, pdl=pdl)
+            return call
+
         def pair(f, g):
             def run():
                 f()
@@ -143,6 +155,14 @@ def bench(T: int, W: int, batches: list[int], fi, args, l2: int, pdl_configs: li
                         [pair(conv(j, True), ours(j, True, cfg)) for j in range(nsets)], args.reps)
                 except Exception as exc:  # a key this batch's launch does not take
                     row[f"{scen}_ours_pdl_cfg{i}_error"] = repr(exc)[:200]
+            if args.fused:
+                for pdl in (False, True):
+                    r["fused" + ("_pdl" if pdl else "")] = bv.time_calls([fused(j, pdl) for j in range(nsets)],
+                                                                         args.reps)
+                for i, cfg in enumerate(json.loads(args.fused_configs)):
+                    r[f"fused_cfg{i}"] = bv.time_calls([fused(j, False, cfg) for j in range(nsets)], args.reps)
+                row[f"{scen}_fused_speedup_vs_ours"] = r["ours"] / r["fused"]
+                row[f"{scen}_fused_pdl_speedup_vs_ours_pdl"] = r["ours_pdl"] / r["fused_pdl"]
             r["ours_verify"] = bv.time_calls([ours(j, False) for j in range(nsets)], args.reps)
             if fi_call is not None:
                 for algo in ("auto", "monolith"):
@@ -152,7 +172,7 @@ def bench(T: int, W: int, batches: list[int], fi, args, l2: int, pdl_configs: li
                 row[f"{scen}_{k}_us"] = v
             # the verify's share of a layer: the pair less the conv chain of the same launch mode
             for k in list(r):
-                if k.startswith(("ours", "fi_")) and not k.endswith("_verify"):
+                if k.startswith(("ours", "fi_", "fused")) and not k.endswith("_verify"):
                     row[f"{scen}_{k}_verify_share_us"] = r[k] - r["conv_pdl" if "_pdl" in k else "conv"]
             fis = {k: v for k, v in r.items() if k.startswith("fi_") and not k.endswith("_verify")}
             if fis:
@@ -218,6 +238,16 @@ def print_table(rows: list[dict], have_fi: bool) -> None:
                          f"{fp_share:9.2f} | {g('speedup_vs_fi_best'):7.2f} "
                          f"{g('speedup_pdl_vs_fi_best_pdl') or float('nan'):7.2f}")
             log(line)
+    if any("nonflush_fused_us" in r for r in rows):
+        log("\nfused conv + verify (one launch per layer), µs per layer, against ours (conv + verify launches)")
+        for scen in ("nonflush", "mixed"):
+            log(f"{scen}:\n{'T':>2} {'W':>3} {'batch':>5} | {'fused':>7} {'fused+pdl':>9} | {'ours':>7} "
+                f"{'ours+pdl':>8} | {'x':>5} {'x pdl':>5}")
+            for r in rows:
+                g = lambda k: r.get(f"{scen}_{k}")  # noqa: E731
+                log(f"{r['T']:>2} {r['W']:>3} {r['batch']:>5} | {g('fused_us'):7.2f} {g('fused_pdl_us'):9.2f} | "
+                    f"{g('ours_us'):7.2f} {g('ours_pdl_us'):8.2f} | {g('fused_speedup_vs_ours'):5.2f} "
+                    f"{g('fused_pdl_speedup_vs_ours_pdl'):5.2f}")
 
 
 def main() -> None:
@@ -229,6 +259,10 @@ def main() -> None:
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--pdl-configs", default="[]",
                     help="JSON list of launch overrides also timed in the PDL chain (ours_pdl_cfg<i>)")
+    ap.add_argument("--fused", action="store_true",
+                    help="also time the fused conv + verify kernel (fused, fused_pdl: one launch per layer)")
+    ap.add_argument("--fused-configs", default="[]",
+                    help="JSON list of fused launch overrides (override(fused=...)) timed as fused_cfg<i>")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="run end to end on CPU under TRITON_INTERPRET=1 at toy sizes (timings meaningless)")
     args = ap.parse_args()

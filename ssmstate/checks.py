@@ -296,3 +296,25 @@ def check_rounding(backend: object, layout: object, stochastic_rounding: object,
             f"backend {getattr(backend, 'name', backend)!r} does not write stochastically rounded checkpoints; "
             f"use backend='reference' or stochastic_rounding=False"
         )
+
+
+def check_conv_verify_inputs(g: Mamba2Geometry, device: torch.device, L: int, xBC: object, dt: object, A: object,
+                             weight: object, bias: object, D: object, dt_bias: object, z: object,
+                             out: object) -> None:
+    """``conv_verify``'s tensors for a step of ``L`` tokens: ``xBC`` (L, conv_dim) in the act dtype (its conv output
+    feeds the verify as x, B and C), the conv's and the verify's other tensors as :func:`check_conv_inputs` and
+    :func:`check_verify_inputs` take them, and an ``out`` that shares no memory with any input."""
+    H, P = g.heads_per_rank, g.head_dim
+    check_tensor("xBC", xBC, (L, g.conv_dim_per_rank), (g.act_dtype,), device)
+    check_conv_inputs(g, device, L, xBC, weight, bias, None)
+    check_tensor("dt", dt, (L, H), FLOATS, device)
+    check_tensor("A", A, (H,), FLOATS, device)
+    for name, t, shape in (("D", D, (H,)), ("dt_bias", dt_bias, (H,))):
+        if t is not None:
+            check_tensor(name, t, shape, FLOATS, device)
+    if z is not None:
+        check_tensor("z", z, (L, H, P), (g.act_dtype,), device)
+    if out is not None:
+        check_tensor("out", out, (L, H, P), (g.act_dtype,), device)
+        inputs = {"xBC": xBC, "dt": dt, "A": A, "weight": weight, "bias": bias, "D": D, "dt_bias": dt_bias, "z": z}
+        check_no_overlap(out, inputs)  # type: ignore[arg-type]

@@ -100,8 +100,12 @@ class DecodeStepGraph:
         graph.replay()
         return plan
 
-    def step(self, request_ids: Sequence[RequestId]) -> StepPlan:
-        """Open a step for ``request_ids`` (host work only) and replay the graph; return the committed plan."""
+    def step(self, request_ids: Sequence[RequestId],
+             timing: tuple[torch.cuda.Event, torch.cuda.Event] | None = None) -> StepPlan:
+        """Open a step for ``request_ids`` (host work only) and replay the graph; return the committed plan.
+
+        ``timing``: two CUDA events recorded right before and after the replay (to time the step's device work
+        alone, without ``begin_step``'s uploads)."""
         if self.graph is None:
             raise SSMStateError("capture() the graph before step()")
         m = self.manager
@@ -109,7 +113,11 @@ class DecodeStepGraph:
         if self._addresses(plan) != self._ptrs:
             m.rollback(plan)
             raise SSMStateError("the step plan buffers moved since capture; the graph cannot be replayed")
+        if timing is not None:
+            timing[0].record()
         self.graph.replay()
+        if timing is not None:
+            timing[1].record()
         plan.verified_layers.update(self._layers[0])
         plan.conv_layers.update(self._layers[1])
         m._close(plan)  # the commit ran on the device, inside the graph

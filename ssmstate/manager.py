@@ -29,6 +29,7 @@ from ssmstate.checks import (
     tensor_version,
 )
 from ssmstate.engine_steps import EngineSteps
+from ssmstate.layer_step import LayerStep
 from ssmstate.errors import (
     ConfigError,
     DeviceCommitError,
@@ -51,7 +52,7 @@ class _Request:
     pages: list[int]
 
 
-class StateManager(EngineSteps):
+class StateManager(EngineSteps, LayerStep):
     """Owns the pages, cursors and step lifecycle of every request's recurrent state.
 
     Args:

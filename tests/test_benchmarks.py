@@ -70,3 +70,26 @@ def test_accuracy_drift_cpu_smoke(tmp_path: Path) -> None:
         assert 0 < r["output_err"]["120"] <= r["output_err_max"] < 0.1
     assert got["fp16"]["state_err"]["120"] < got["int8"]["state_err"]["120"]  # 11 mantissa bits vs 8-bit codes
     assert "| int8+sr |" in res.stdout
+
+
+def test_bench_decode_step_cpu_smoke(tmp_path: Path) -> None:
+    """The decode-step benchmark on CPU under the Triton interpreter: ours (fused and unfused) through the manager,
+    real commits; the FlashInfer and vLLM variants are skipped and say why."""
+    out = tmp_path / "decode_step.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_decode_step.py"), "--cpu-smoke", "--json",
+                          str(out)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert [(r["model"], r["batch"]) for r in got["rows"]] == [("nemotron-h-8b", 1), ("nemotron-h-8b", 2)]
+    for r in got["rows"]:
+        assert r["ours_unfused_us"] > 0 and r["ours_unfused_bytes"] > 0
+        assert r["ours_fused_us"] > 0 and r["ours_fused_bytes"] < r["ours_unfused_bytes"]  # no conv-output round trip
+        assert r["vllm_pair_skipped"] == r["native_skipped"] == "flashinfer not importable"
+    assert "µs per decode step" in res.stdout
+    md = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_decode_step.py"), "--markdown", str(out)],
+                        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert md.returncode == 0, md.stderr[-2000:]
+    lines = md.stdout.strip().splitlines()
+    assert lines[0].startswith("| card | model | batch |") and len(lines) == 2 + len(got["rows"])
+    assert f"{got['rows'][0]['ours_unfused_us']:.1f}" in lines[2]

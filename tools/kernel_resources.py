@@ -15,7 +15,8 @@ through Triton's own argument binder so the specialization
 bytes), the operands that stay in shared memory next to the checkpoint tile.
 
 Run: ``python tools/kernel_resources.py --batch 256 --T 4 --W 16 [--config '{"shape": "pipelined"}'] [--pdl]
-[--allocs]`` (a config: launch override keys, see :func:`ssmstate.ops.triton.override`); the launch passes row cursors
+[--allocs] [--fused]`` (a config: launch override keys, or with ``--fused`` the fused kernel's ``BLOCK_P``,
+``FOLD_N``, ``num_warps``, ``maxnreg``, ``HPP``; see :func:`ssmstate.ops.triton.override`); the launch passes row cursors
 as the manager does (``StepPlan.row_cursors``) unless a config says ``"ROW_CURSORS": 0``.
 """
 
@@ -83,6 +84,25 @@ def capture(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, 
         launches = ops.verify_launches(ck, xr, Br, dtr, rs, nc, x, dt, A, B, C, page_ids, cu, W, out, D=D,
                                        dt_bias=dtb, z=z, row_cursors=rc, pdl=pdl)
     return [(k.kernel.fn.__name__, k.kernel, (k.grid, k.args, k.kwargs)) for k in launches]  # split: two
+
+
+def capture_fused(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, sms: int = SMS,
+                  gbps_per_sm: float = GBPS_PER_SM, state_dtype: str = "float32"):
+    """(name, kernel, (grid, args, kwargs)) of the fused conv + verify launch (``replay_conv_verify``) for this batch
+    (``config``: its ``override(fused=...)`` fields)."""
+    R, pages, L, bf = W + T, batch + 1, batch * T, torch.bfloat16
+    Dc = H * P + 2 * G * N
+    e = torch.empty
+    gpu = ops.DeviceClass(compiled=True, sms=sms, gbps_per_sm=gbps_per_sm)
+    with ops.override(device=gpu, fused=config or {}):
+        k = ops.conv_verify.conv_verify_launch(
+            e(pages, H, P, N, dtype=getattr(torch, state_dtype)), e(pages, H, R, P, dtype=bf),
+            e(pages, G, R, N, dtype=bf), e(pages, H, R), torch.zeros(pages, dtype=torch.int32),
+            torch.zeros(pages, dtype=torch.int32), e(pages, Dc, 3 + T, dtype=bf), torch.zeros(pages, dtype=torch.int32),
+            e(L, Dc, dtype=bf), e(L, H, dtype=bf), e(H), e(Dc, 4), e(Dc), torch.arange(1, batch + 1, dtype=torch.int32),
+            torch.arange(0, L + 1, T, dtype=torch.int32), W, e(L, H, P, dtype=bf), D=e(H), dt_bias=e(H),
+            counters=torch.zeros(pages, G, dtype=torch.int32), pdl=pdl)
+    return [(k.kernel.fn.__name__, k.kernel, (k.grid, k.args, k.kwargs))]
 
 
 def compile_launch(fn, args, kwargs):
@@ -157,10 +177,11 @@ def shared_allocs(ttgir: str) -> list[dict]:
     return rows
 
 
-def report(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, allocs: bool = False) -> list[dict]:
-    """One row per kernel the launch runs."""
+def report(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, allocs: bool = False,
+           fused: bool = False) -> list[dict]:
+    """One row per kernel the launch runs (``fused``: the fused conv + verify kernel's)."""
     rows = []
-    for name, fn, (grid, args, kwargs) in capture(batch, T, W, config, pdl):
+    for name, fn, (grid, args, kwargs) in (capture_fused if fused else capture)(batch, T, W, config, pdl):
         k = compile_launch(fn, args, kwargs)
         md = k.metadata
         row = {
@@ -184,12 +205,14 @@ def main() -> None:
     ap.add_argument("--config", action="append", default=[], help="JSON launch config (repeatable)")
     ap.add_argument("--pdl", action="store_true", help="the launch replay_verify(pdl=True) makes")
     ap.add_argument("--allocs", action="store_true", help="list the build's shared-memory buffers (TTGIR)")
+    ap.add_argument("--fused", action="store_true",
+                    help="the fused conv + verify kernel (configs: override(fused=...) fields, e.g. BLOCK_P)")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     a = ap.parse_args()
     configs = [json.loads(c) for c in a.config] or [None]
     rows = []
     for cfg in configs:
-        for row in report(a.batch, a.T, a.W, cfg, a.pdl, a.allocs):
+        for row in report(a.batch, a.T, a.W, cfg, a.pdl, a.allocs, a.fused):
             rows.append(row)
             print(json.dumps(row), flush=True)
     if a.out:

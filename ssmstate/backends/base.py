@@ -1,4 +1,4 @@
-"""The backend protocol: the four verbs a :class:`~ssmstate.StateManager` runs on its cache.
+"""The backend protocol: the verbs a :class:`~ssmstate.StateManager` runs on its cache.
 
 A backend works on a :class:`~ssmstate.cache.StateCache` (the manager's: every page tensor and cursor lives there)
 and a :class:`~ssmstate.plan.StepPlan` (the step's rows: page ids and ``cu_seqlens`` on the device, their host
@@ -55,6 +55,15 @@ class Backend(Protocol):
         """Causal conv1d update of the step's tokens against the layer's conv window (cache-owned, updated in
         place). Caller-owned: ``xBC`` (tokens, Dc), ``weight`` (Dc, k), ``bias`` (Dc,) or None, ``activation``
         None or "silu", ``out`` (tokens, Dc), returned."""
+
+    def conv_verify(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, dt: Tensor, A: Tensor,
+                    weight: Tensor, bias: Tensor | None, activation: str | None, D: Tensor | None,
+                    dt_bias: Tensor | None, z: Tensor | None, out: Tensor) -> Tensor:
+        """``conv`` of ``xBC`` (tokens, H·P + 2·G·N) in the ring dtype, its output split into x, B, C (Nemotron-H's
+        channel order), then ``verify``: one verb per layer, fused into one kernel where the backend can (the
+        "triton" backend's), else the two verbs with the conv output in a buffer of the cache's
+        (:func:`~ssmstate.backends.layer_step.unfused_conv_verify`). Arguments as in ``conv`` and ``verify``;
+        ``out`` (tokens, H, P) is returned."""
 
     def commit(self, cache: StateCache, plan: StepPlan, accepted: Tensor, update_conv: bool,
                error_flag: Tensor) -> None:

@@ -35,9 +35,19 @@ state of the last accepted token (page ``page_table[r, state_slot + 1 - 1]``
 through ``num_accepted_tokens``) and writes the state after window token ``i``
 to ``page_table[r, i]``, exactly :func:`ssmstate.ops.reference.native_verify`.
 
-Commit, materialize and the conv update are the reference functions (they run
-on the GPU). flashinfer-python is optional: this module imports without it, and
-every check that does not need it runs first, so CPU CI can test the errors.
+The conv update is vLLM's Triton ``causal_conv1d_update`` (the conv vLLM pairs
+with ``checkpointing_ssu``) on the replay window, one launch per layer, graph
+capturable (:mod:`ssmstate.backends.flashinfer_conv` has the mapping); where vLLM's
+kernel cannot be imported, and on the native scheme, it is the reference function
+(a host loop: not capturable). The commit is the Triton one-launch commit on a CUDA
+device when Triton is importable, else the reference (device-side torch ops);
+materialize is the reference.
+
+``algorithm="auto"`` passes, per form (dense or varlen) and batch, the algorithm
+:meth:`FlashInferBackend.tune` measured fastest (:mod:`ssmstate.backends.flashinfer_tune`);
+before any tune, FlashInfer's own choice. flashinfer-python is optional: this module
+imports without it, and every check that does not need it runs first, so CPU CI can
+test the errors.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from types import ModuleType
@@ -53,6 +64,9 @@ from typing import Any
 import attrs
 import torch
 
+from ssmstate.backends import flashinfer_tune as ft
+from ssmstate.backends.flashinfer_conv import VllmConv, import_vllm_conv
+from ssmstate.backends.flashinfer_tune import autotune
 from ssmstate.backends.reference import ReferenceBackend
 from ssmstate.cache import StateCache
 from ssmstate.dtypes import is_quantized
@@ -67,6 +81,8 @@ Tensor = torch.Tensor
 ALGORITHMS = ("auto", "monolith", "two-kernel")
 #: ``algorithm`` values of the native ``selective_state_update`` path.
 NATIVE_ALGORITHMS = ("auto", "simple")
+#: ``conv`` values: vLLM's Triton kernel where importable else the reference, vLLM's or nothing, the reference.
+CONVS = ("auto", "vllm", "reference")
 #: checkpointing_ssu replays the ring in one 16-wide MMA K tile.
 MAX_WINDOW = 16
 #: selective_state_update's multi-token form is exercised up to 16 tokens here.
@@ -240,14 +256,18 @@ class _CacheBuffers:
 
 
 class FlashInferBackend(ReferenceBackend):
-    """FlashInfer kernels on the shared layout; reference commit, materialize and conv.
+    """FlashInfer kernels on the shared layout; vLLM's Triton conv, Triton commit, reference materialize.
 
     Args:
-        algorithm: ``checkpointing_ssu`` kernel choice: ``"auto"`` (FlashInfer's:
-            the autotuned tactic for dense calls, see :func:`autotune`, else
-            two-kernel when ``rows * H >= SMs``), ``"monolith"`` or ``"two-kernel"``.
+        algorithm: ``checkpointing_ssu`` kernel choice: ``"auto"`` (per form and batch, the
+            algorithm :meth:`tune` measured fastest; before any tune, FlashInfer's choice: its
+            autotuned tactic for dense calls, see :func:`autotune`, else two-kernel when
+            ``rows * H >= SMs``), ``"monolith"`` or ``"two-kernel"`` (forced).
         native_algorithm: ``selective_state_update`` algorithm for the native
             scheme (``"auto"`` or ``"simple"``; Hopper runs ``simple`` either way).
+        conv: ``"auto"`` (vLLM's Triton conv update on the replay window where it imports, else the
+            reference with a warning), ``"vllm"`` (required: :meth:`check` refuses without it) or
+            ``"reference"``.
 
     Set ``backend.algorithm`` after construction to switch (validated), e.g.
     ``StateManager(..., backend="flashinfer").backend.algorithm = "monolith"``.
@@ -259,12 +279,22 @@ class FlashInferBackend(ReferenceBackend):
     #: (:data:`SR_STATES`); verify refuses a bf16 one. Materialize is the reference's (ssmstate.ops.quant's bits).
     supports_stochastic_rounding = True
 
-    def __init__(self, algorithm: str = "auto", native_algorithm: str = "auto") -> None:
+    def __init__(self, algorithm: str = "auto", native_algorithm: str = "auto", conv: str = "auto") -> None:
         self.algorithm = algorithm
         self.native_algorithm = native_algorithm
+        if conv not in CONVS:
+            raise ConfigError(f"flashinfer conv must be one of {CONVS}, got {conv!r}")
+        self.conv_choice = conv
         self._buffers: weakref.WeakKeyDictionary[StateCache, _CacheBuffers] = weakref.WeakKeyDictionary()
         self._weights: dict[tuple[Any, ...], Tensor] = {}
         self._fim: ModuleType | None = None
+        self._vconv: VllmConv | None = None
+        self._conv_note: str | None = None
+        self._conv_warned = False
+        #: (form, rows) -> algorithm, filled by tune(); ``tune_report`` keeps the times behind each choice
+        self.chosen: dict[tuple[str, int], str] = {}
+        self.tune_report: list[dict[str, Any]] = []
+        self._forced: str | None = None
 
     # -- options ---------------------------------------------------------------------
     @property
@@ -289,11 +319,30 @@ class FlashInferBackend(ReferenceBackend):
 
     # -- protocol ----------------------------------------------------------------------
     def check(self, layout: PageLayout, device: torch.device) -> None:
-        """Layout limits first, then the device, then the import, then the GPU's capability."""
+        """Layout limits first, then the device, then the imports, then the GPU's capability."""
         check_layout(layout)
         device = check_device(device)
         self._fim = import_flashinfer()
+        if self.conv_choice == "vllm" and layout.scheme == "replay":
+            self._vllm_conv(required=True)
         _check_gpu(device)
+
+    @property
+    def conv_impl(self) -> str:
+        """Which conv runs on the replay layout: ``"vllm-triton"`` or ``"reference"`` (imports on first ask)."""
+        return "vllm-triton" if self._vllm_conv(required=False) is not None else "reference"
+
+    def _vllm_conv(self, required: bool) -> VllmConv | None:
+        if self._vconv is None and self.conv_choice != "reference" and self._conv_note is None:
+            try:
+                self._vconv = VllmConv(import_vllm_conv())
+            except BackendUnavailableError as exc:
+                self._conv_note = str(exc)
+        if self._vconv is None and required:
+            raise BackendUnavailableError(
+                f"flashinfer backend with conv='vllm': {self._conv_note or 'conv=reference was chosen'}; "
+                "install vLLM (or provide its kernel module), or pass conv='auto' for the reference conv")
+        return self._vconv
 
     def _mamba(self) -> ModuleType:
         if self._fim is None:
@@ -325,6 +374,10 @@ class FlashInferBackend(ReferenceBackend):
             buf.num_accepted = torch.zeros((max_batch,), dtype=torch.int32, device=cache.device)
             buf.dt32 = torch.zeros((max_batch * s.num_tokens, H), dtype=torch.float32, device=cache.device)
         buf.rows = max_batch
+
+    def release(self, cache: StateCache) -> None:
+        """Drop ``cache``'s persistent buffers (graphs captured with them must not be replayed after)."""
+        self._buffers.pop(cache, None)
 
     def _buffers_for(self, cache: StateCache, plan: StepPlan) -> _CacheBuffers:
         buf = self._buffers.get(cache)
@@ -393,7 +446,7 @@ class FlashInferBackend(ReferenceBackend):
         self._check_inputs(x, dt, B, C, z, out)
         if cache.layout.scheme == "native":
             return self._native_verify(cache, layer, plan, x, dt, A, B, C, D, dt_bias, z, out)
-        algorithm, scale, seed = self._quant_args(cache, layer)
+        scale, seed = self._quant_args(cache, layer)
         fim = self._mamba()
         t = cache.layers[layer]
         g, s = cache.layout.geometry, cache.layout.spec
@@ -409,10 +462,10 @@ class FlashInferBackend(ReferenceBackend):
         D2 = None if D1 is None else D1.view(H, 1).expand(H, P)
         b2 = None if b1 is None else b1.view(H, 1).expand(H, P)
         if L == rows * T:  # every row has T tokens (none has more): dense
-            shape = (rows, T)
+            shape, form = (rows, T), "dense"
             cu, max_seqlen = None, None
         else:
-            shape = (1, L)
+            shape, form = (1, L), "varlen"
             cu, max_seqlen = plan.cu_seqlens, T
         xv, Bv, Cv, ov = (v.unflatten(0, shape) for v in (x, B, C, out))
         zv = None if z is None else z.unflatten(0, shape)
@@ -421,14 +474,15 @@ class FlashInferBackend(ReferenceBackend):
             t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start, cache.num_committed,
             xv, dtv, A3, Bv, Cv, ov, D=D2, z=zv, dt_bias=b2, dt_softplus=True,
             state_batch_indices=plan.page_ids, pad_slot_id=0, cu_seqlens=cu, max_seqlen=max_seqlen,
-            cb_scaled=cb_scaled, cumAdt_vec=cumAdt_vec, cb_old=cb_old, algorithm=algorithm,
-            state_scale=scale, rand_seed=seed,
+            cb_scaled=cb_scaled, cumAdt_vec=cumAdt_vec, cb_old=cb_old,
+            algorithm=self.algorithm_for(form, rows, quantized=scale is not None), state_scale=scale, rand_seed=seed,
         )
         return out
 
-    def _quant_args(self, cache: StateCache, layer: int) -> tuple[str, Tensor | None, Tensor | None]:
-        """(algorithm, state_scale, rand_seed) of a replay verify: an 8-bit checkpoint's decode scales and the
-        monolithic kernel (FlashInfer's only 8-bit one), the cache's stochastic-rounding seed where set."""
+    def _quant_args(self, cache: StateCache, layer: int) -> tuple[Tensor | None, Tensor | None]:
+        """(state_scale, rand_seed) of a replay verify: an 8-bit checkpoint's decode scales (its verify runs the
+        monolithic kernel, FlashInfer's only 8-bit one: :meth:`algorithm_for`), the cache's stochastic-rounding
+        seed where set. Refuses, before any import or launch, what checkpointing_ssu cannot do."""
         dtype = cache.layout.geometry.state_dtype
         seed = cache.checkpoint_seed
         if seed is not None and dtype not in SR_STATES:
@@ -436,12 +490,59 @@ class FlashInferBackend(ReferenceBackend):
                 f"flashinfer backend: checkpointing_ssu rounds a {dtype} checkpoint to nearest only; "
                 f"stochastic rounding needs an fp16, int8 or fp8 checkpoint here ({_OTHERS})")
         if not is_quantized(dtype):
-            return self.algorithm, None, seed
+            return None, seed
         if self.algorithm == "two-kernel":
             raise BackendUnavailableError(
                 f"flashinfer backend: checkpointing_ssu's two-kernel path takes no 8-bit checkpoint; use "
                 f"algorithm 'auto' or 'monolith' ({_OTHERS})")
-        return "monolith", cache.layers[layer][SCALE_NAME], seed
+        return cache.layers[layer][SCALE_NAME], seed
+
+    def algorithm_for(self, form: str, rows: int, quantized: bool = False) -> str:
+        """The ``algorithm`` a ``form`` ("dense" or "varlen") call of ``rows`` rows passes.
+
+        An 8-bit (``quantized``) checkpoint always takes ``"monolith"``, checkpointing_ssu's only 8-bit kernel
+        (:meth:`_quant_args` has refused a forced ``"two-kernel"``). Otherwise a forced :attr:`algorithm` wins.
+        With ``"auto"``: the choice :meth:`tune` made for that form at ``rows`` (else at the smallest tuned batch
+        above it, else the largest tuned one); with no tune for the form, ``"auto"`` (FlashInfer's choice).
+        """
+        if quantized:
+            return "monolith"
+        if self._forced is not None:
+            return self._forced
+        if self.algorithm != "auto":
+            return self.algorithm
+        sizes = sorted(b for f, b in self.chosen if f == form)
+        if not sizes:
+            return "auto"
+        above = [b for b in sizes if b >= rows]
+        return self.chosen[(form, above[0] if above else sizes[-1])]
+
+    def conv(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, weight: Tensor,
+             bias: Tensor | None, activation: str | None, out: Tensor) -> Tensor:
+        """vLLM's Triton conv update on the replay window (one launch, capturable); the reference otherwise."""
+        vconv = self._vllm_conv(required=False) if cache.layout.scheme == "replay" else None
+        if vconv is None:
+            if self._conv_note is not None and not self._conv_warned:
+                warnings.warn(f"flashinfer backend: reference conv (a host loop, not graph-capturable): "
+                              f"{self._conv_note}", RuntimeWarning, stacklevel=3)
+                self._conv_warned = True
+            return super().conv(cache, layer, plan, xBC, weight, bias, activation, out)
+        return vconv(cache, layer, plan, xBC, weight, bias, activation, out, _max_rows(plan))
+
+    def commit(self, cache: StateCache, plan: StepPlan, accepted: Tensor, update_conv: bool,
+               error_flag: Tensor) -> None:
+        """The Triton commit (one launch) on a CUDA device where Triton imports; the reference otherwise."""
+        if cache.layout.scheme == "replay" and cache.device.type == "cuda":
+            try:
+                from ssmstate.ops import triton as trk
+            except ImportError:
+                trk = None
+            if trk is not None:
+                spec = cache.layout.spec
+                trk.replay_commit(cache.ring_start, cache.num_committed, cache.pending, cache.conv_shift,
+                                  plan.page_ids, accepted, spec.window, spec.ring_len, update_conv, error_flag)
+                return
+        super().commit(cache, plan, accepted, update_conv, error_flag)
 
     def _native_verify(self, cache: StateCache, layer: int, plan: StepPlan, x: Tensor, dt: Tensor, A: Tensor,
                        B: Tensor, C: Tensor, D: Tensor | None, dt_bias: Tensor | None, z: Tensor | None,
@@ -490,14 +591,21 @@ class FlashInferBackend(ReferenceBackend):
         return autotune(batch_sizes, cache)
 
     def tune(self, layout: PageLayout, device: torch.device | str, batch_sizes: Sequence[int],
-             cache: str | os.PathLike[str] | None = None, seed: int = 0) -> None:
-        """Profile ``checkpointing_ssu`` for every batch size a runner will use, before serving.
+             cache: str | os.PathLike[str] | None = None, seed: int = 0, call: ft.CallShape | None = None,
+             reps: int = 10) -> list[dict[str, Any]]:
+        """Tune ``checkpointing_ssu`` for every batch size a runner will use, before serving (or capturing).
 
-        Runs one dense verify per batch size inside :func:`autotune` on a private
-        one-layer cache of ``max(batch_sizes) + 1`` pages with random inputs, so
-        the runner's own state is never touched. FlashInfer keeps the chosen
-        tactics for the process (and in ``cache``, a JSON file, when given);
-        later dense calls with ``algorithm="auto"`` use them.
+        1. FlashInfer's autotuner profiles one dense verify per batch size, made through :meth:`verify` on a
+           private one-layer cache with inputs shaped like the runner's (``call``, default
+           :meth:`CallShape.vllm <ssmstate.backends.flashinfer_tune.CallShape.vllm>`: D and dt_bias present),
+           so the tactics land under the key the served calls look up. Tactics persist for the process (and
+           in ``cache``, a JSON file, when given).
+        2. Each batch size is then timed (cold pages, CUDA graphs, ``reps`` replays) on every algorithm its
+           form can take (:data:`~ssmstate.backends.flashinfer_tune.CANDIDATES`); with ``algorithm="auto"``
+           verify passes the fastest from then on (:meth:`algorithm_for`).
+
+        Returns (and keeps in :attr:`tune_report`) one dict per (form, batch): the times and the choice.
+        The runner's own state is never touched.
         """
         self.check(layout, device)
         if layout.scheme != "replay":
@@ -506,57 +614,22 @@ class FlashInferBackend(ReferenceBackend):
         if not sizes or sizes[0] < 1:
             raise BackendUnavailableError(f"tune: batch_sizes must be positive ints, got {list(batch_sizes)}")
         device = torch.device(device)
-        one = attrs.evolve(layout, geometry=attrs.evolve(layout.geometry, num_layers=1))
-        priv = StateCache(one, sizes[-1] + 1, device)
-        g, T = one.geometry, one.spec.num_tokens
-        H, P, N, G = g.heads_per_rank, g.head_dim, g.state_size, g.groups_per_rank
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        saved = self.algorithm
-        self.algorithm = "auto"
+        call = ft.CallShape.vllm(layout) if call is None else call
+        self.tune_report = ft.tune(self, layout, device, sizes, cache, call, seed, reps)
+        self.chosen.update({(r["form"], r["batch"]): r["chosen"] for r in self.tune_report})
+        return self.tune_report
+
+    @contextlib.contextmanager
+    def forcing(self, algorithm: str) -> Iterator[None]:
+        """Every replay verify inside the block passes ``algorithm`` (the tuning probes)."""
+        saved, self._forced = self._forced, algorithm
         try:
-            with autotune(sizes, cache):
-                for bs in sizes:
-                    L = bs * T
-                    pages = torch.arange(1, bs + 1, dtype=torch.int32)
-                    cu = torch.arange(0, L + 1, T, dtype=torch.int32)
-                    plan = StepPlan(step_id=0, request_ids=tuple(range(bs)), num_tokens=(T,) * bs,
-                                    page_ids=pages.to(device), page_table=pages[:, None].to(device),
-                                    cu_seqlens=cu.to(device), page_ids_host=pages, page_table_host=pages[:, None],
-                                    cu_seqlens_host=cu, max_seqlen=T, total_tokens=L)
-
-                    def rnd(*shape: int, scale: float = 1.0) -> Tensor:
-                        return (torch.randn(*shape, generator=gen) * scale).to(device)
-
-                    x = rnd(L, H, P).to(g.act_dtype)
-                    Bm, Cm = rnd(L, G, N, scale=0.3).to(g.act_dtype), rnd(L, G, N, scale=0.3).to(g.act_dtype)
-                    A = -(torch.rand(H, generator=gen) + 0.5).to(device)
-                    out = torch.empty_like(x)
-                    self.verify(priv, 0, plan, x, rnd(L, H, scale=0.5), A, Bm, Cm, None, None, None, out)
-            torch.cuda.synchronize(device)
+            yield
         finally:
-            self.algorithm = saved
-            self._buffers.pop(priv, None)
+            self._forced = saved
 
-
-@contextlib.contextmanager
-def autotune(batch_sizes: Sequence[int] | None = None,
-             cache: str | os.PathLike[str] | None = None) -> Iterator[None]:
-    """Run FlashInfer's autotuner on the ``checkpointing_ssu`` calls made inside the block.
-
-    FlashInfer tunes only dense calls (uniform ``q = T`` batches) made with
-    ``algorithm="auto"`` and the scratch trio, which this backend always passes.
-    It profiles on private buffers (cold L2, CUDA graphs); one call at the largest
-    batch covers the smaller ``batch_sizes`` buckets. Run this before capturing
-    CUDA graphs; outside the block, dense calls use the tuned tactic.
-
-    Args:
-        batch_sizes: the row counts the runner will use (its CUDA-graph buckets);
-            None keeps FlashInfer's default buckets (powers of two, ...).
-        cache: optional JSON file: tactics are loaded from it and saved back.
-    """
-    import_flashinfer()
-    import flashinfer
-
-    buckets = None if batch_sizes is None else tuple(sorted({int(b) for b in batch_sizes}))
-    with flashinfer.autotune(True, cache=None if cache is None else os.fspath(cache), tuning_buckets=buckets):
-        yield
+    def run_probe(self, cache: StateCache, pr: ft.Probe, j: int) -> Tensor:
+        """One verify of probe ``pr`` on its ``j``-th page set of ``cache`` (layer 0), through :meth:`verify`."""
+        i = pr.inputs
+        return self.verify(cache, 0, pr.plans[j], i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"], i["dt_bias"],
+                           i["z"], i["out"])

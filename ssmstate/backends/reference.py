@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ssmstate.backends.layer_step import unfused_conv_verify
 from ssmstate.cache import StateCache
 from ssmstate.layout import SCALE_NAME, PageLayout
 from ssmstate.ops import reference as ref
@@ -38,6 +39,14 @@ class ReferenceBackend:
              activation: str | None, out: Tensor) -> Tensor:
         return ref.conv_update(cache.layers[layer]["conv"], cache.conv_shift, xBC, weight, bias,
                                plan.page_ids_host, plan.cu_seqlens_host, out, activation=activation)
+
+    def conv_verify(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, dt: Tensor, A: Tensor,
+                    weight: Tensor, bias: Tensor | None, activation: str | None, D: Tensor | None,
+                    dt_bias: Tensor | None, z: Tensor | None, out: Tensor) -> Tensor:
+        # this class's conv then its verify (subclasses' own: FlashInfer's checkpointing_ssu), which for this
+        # class is ref.replay_conv_verify
+        return unfused_conv_verify(self, cache, layer, plan, xBC, dt, A, weight, bias, activation, D, dt_bias, z,
+                                   out)
 
     def commit(self, cache: StateCache, plan: StepPlan, accepted: Tensor, update_conv: bool,
                error_flag: Tensor) -> None:

@@ -13,6 +13,7 @@ from types import ModuleType
 
 import torch
 
+from ssmstate.backends.layer_step import fused_counters, unfused_conv_verify
 from ssmstate.cache import StateCache
 from ssmstate.errors import BackendUnavailableError, ConfigError
 from ssmstate.layout import SCALE_NAME, PageLayout
@@ -41,9 +42,10 @@ def _ops() -> ModuleType:
 
 
 class TritonBackend:
-    """ReplaySSM verify (both routes), commit, materialize and conv update in Triton, on fp32/bf16/fp16 and 8-bit
-    (int8, fp8_e4m3fn, with their decode scales) checkpoints, stochastically rounded when the cache's
-    ``checkpoint_seed`` is set.
+    """ReplaySSM verify (both routes), commit, materialize, conv update and the fused conv + verify in Triton, on
+    fp32/bf16/fp16 and 8-bit (int8, fp8_e4m3fn, with their decode scales) checkpoints, stochastically rounded when
+    the cache's ``checkpoint_seed`` is set (the fused conv + verify runs unquantized layouts; 8-bit ones take the
+    conv, verify pair).
 
     Args:
         pdl: launch ``conv`` and ``verify`` as programmatic dependents (GPU only; no effect in the interpreter).
@@ -55,6 +57,9 @@ class TritonBackend:
             cursors or the plan's buffers (``manager.conv`` of the layer, which writes only the conv window, or
             any of the caller's kernels, qualifies; a ``commit``, ``materialize`` or another verify of the same
             layer does not). A kernel before it that triggers its dependents early must have waited first.
+            ``conv_verify`` (the layer as one launch) reads its page ids, cursors and first checkpoint tile before
+            it waits: the same rule holds for the kernel issued right before it, which must not write the layer's
+            conv window either (another layer's ``conv_verify`` qualifies).
     """
 
     name = "triton"
@@ -117,6 +122,27 @@ class TritonBackend:
              bias: Tensor | None, activation: str | None, out: Tensor) -> Tensor:
         return _ops().conv_update(cache.layers[layer]["conv"], cache.conv_shift, xBC, weight, bias,
                                          plan.page_ids, plan.cu_seqlens, out, activation=activation, pdl=self.pdl)
+
+    def conv_verify(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, dt: Tensor, A: Tensor,
+                    weight: Tensor, bias: Tensor | None, activation: str | None, D: Tensor | None,
+                    dt_bias: Tensor | None, z: Tensor | None, out: Tensor) -> Tensor:
+        """One fused launch (:func:`~ssmstate.ops.triton.replay_conv_verify`) for steps of up to the launch table's
+        ``fused.max_rows`` rows (0: the fused kernel measured slower than the pair at every batch so far), else
+        ``conv`` then ``verify``; the pair too for what the fused kernel does not write: an 8-bit checkpoint (decode
+        scales) or a stochastically rounded one (``checkpoint_seed`` set). With ``pdl`` the launch waits for the
+        kernel before it, then lets the next one launch."""
+        t = cache.layers[layer]
+        ops = _ops()
+        pair = t["checkpoint"].dtype not in ops.conv_verify.STATE_DTYPES or cache.checkpoint_seed is not None
+        if pair or plan.num_rows > ops.config.fused_max_rows():
+            return unfused_conv_verify(self, cache, layer, plan, xBC, dt, A, weight, bias, activation, D, dt_bias,
+                                       z, out)
+        return ops.replay_conv_verify(
+            t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start, cache.num_committed,
+            t["conv"], cache.conv_shift, xBC, dt, A, weight, bias, plan.page_ids, plan.cu_seqlens,
+            cache.layout.spec.window, out, D=D, dt_bias=dt_bias, z=z, activation=activation,
+            row_cursors=plan.row_cursors, counters=fused_counters(cache), pdl=self.pdl,
+        )
 
     def commit(self, cache: StateCache, plan: StepPlan, accepted: Tensor, update_conv: bool,
                error_flag: Tensor) -> None:

@@ -294,14 +294,12 @@ class SSMStateMambaMixer2(MambaMixer2):
         xBC, dt = torch.split(projected_states[:nd, self.tped_intermediate_size:],
                               [self.tped_conv_size, self.tped_dt_size], dim=-1)
         m = group.manager
-        dt = dt.contiguous()  # before the conv: with pdl the verify must follow the conv directly
-        conv_out = m.conv(index, plan, xBC.contiguous(), self.conv_weights, self.conv1d.bias,
-                          activation=self.activation)
-        x, B, C = self.split_hidden_states_B_C_fn(conv_out)
         g = m.geometry
-        H, P, G, N = g.heads_per_rank, g.head_dim, g.groups_per_rank, g.state_size
-        m.verify(index, plan, x.reshape(nd, H, P), dt, B.reshape(nd, G, N), C.reshape(nd, G, N),
-                 self.A, D=self.D, dt_bias=self.dt_bias, out=output[:nd].view(nd, H, P))
+        # one verb per layer: the conv output (x, B, C in the split order of split_hidden_states_B_C_fn) feeds
+        # the verify inside the backend (one kernel on the triton backend)
+        m.conv_verify(index, plan, xBC.contiguous(), dt.contiguous(), self.A, self.conv_weights, self.conv1d.bias,
+                      D=self.D, dt_bias=self.dt_bias, activation=self.activation,
+                      out=output[:nd].view(nd, g.heads_per_rank, g.head_dim))
 
 
 # -- runtime: plans from vLLM metadata, commit, reset ------------------------------------

@@ -486,6 +486,66 @@ def conv_update(
     return out
 
 
+def split_xbc(y: Tensor, H: int, P: int, G: int, N: int) -> tuple[Tensor, Tensor, Tensor]:
+    """A conv output (tokens, H·P + 2·G·N) split in Nemotron-H's channel order: x (tokens, H, P), then B and C
+    (tokens, G, N) each."""
+    L = y.shape[0]
+    x, B, C = torch.split(y, [H * P, G * N, G * N], dim=-1)
+    return x.reshape(L, H, P), B.reshape(L, G, N), C.reshape(L, G, N)
+
+
+def replay_conv_verify(
+    checkpoint: Tensor,
+    x_ring: Tensor,
+    B_ring: Tensor,
+    dt_ring: Tensor,
+    ring_start: Tensor,
+    num_committed: Tensor,
+    conv_window: Tensor,
+    conv_shift: Tensor,
+    xBC: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    page_ids: Tensor,
+    cu_seqlens: Tensor,
+    window: int,
+    out: Tensor,
+    D: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    z: Tensor | None = None,
+    activation: str | None = "silu",
+    dt_softplus: bool = True,
+    row_cursors: Tensor | None = None,
+    counters: Tensor | None = None,
+) -> Tensor:
+    """One layer's decode step: :func:`conv_update` of ``xBC``, its output split into x, B, C
+    (:func:`split_xbc`), then :func:`replay_verify`. The conv output is an internal temporary here; the fused
+    kernel never writes it to memory.
+
+    Args:
+        checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed: as in :func:`replay_verify`.
+        conv_window: (pages, H·P + 2·G·N, width) conv dtype, updated in place. conv_shift: (pages,) int32, read.
+        xBC: (tokens, H·P + 2·G·N) in the rings' dtype. dt: (tokens, H) raw. A: (H,) fp32, negative.
+        weight: (conv_dim, k). bias: (conv_dim,) or None. page_ids, cu_seqlens, window, out, D, dt_bias, z,
+            dt_softplus, row_cursors: as in :func:`replay_verify`. activation: the conv's, "silu" or None.
+        counters: (pages, G) int32, the fused kernel's arrival counters (zero before and after a launch);
+            unused here (rows run one after another).
+    Returns:
+        ``out``.
+    """
+    if row_cursors is not None:  # a stale copy raises before the conv window is written
+        check_row_cursors(row_cursors, ring_start, num_committed, page_ids, cu_seqlens)
+    H, P, N, G = checkpoint.shape[1], checkpoint.shape[2], checkpoint.shape[3], B_ring.shape[1]
+    y = torch.zeros(xBC.shape, dtype=xBC.dtype, device=xBC.device)
+    conv_update(conv_window, conv_shift, xBC, weight, bias, page_ids, cu_seqlens, y, activation=activation)
+    x, B, C = split_xbc(y, H, P, G, N)
+    return replay_verify(checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, x, dt, A, B, C, page_ids,
+                         cu_seqlens, window, out, D=D, dt_bias=dt_bias, z=z, dt_softplus=dt_softplus,
+                         row_cursors=row_cursors)
+
+
 # -- native scheme (1 + K pages per request, one state written per token) --------
 
 def native_verify(

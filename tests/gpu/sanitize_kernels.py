@@ -3,7 +3,8 @@
 Drives the Triton backend through the manager (conv, verify, commit from a device count tensor, materialize)
 over a random schedule with random acceptance, at each batch size the launch heuristic distinguishes (1, 8, 64,
 128, 256 at Nemotron-H geometry: H=128, P=64, N=128, G=8, bf16 inputs, fp32 state, T=4, W=16), on both verify
-kernels (the TMA kernel with the heuristic's launch shape, and the portable kernel's `ldg` and `ldg_stream` launches). Before some steps it writes
+kernels (the TMA kernel with the heuristic's launch shape, and the portable kernel's `ldg` and `ldg_stream` launches)
+and on the fused conv + verify kernel (``conv_verify``, kernel ``fused``). Before some steps it writes
 out-of-range values straight into the cursor tensor of a few pages (negative and huge ``ring_start``,
 ``num_committed``, ``conv_shift``; ``pending`` between begin_step and commit). A twin manager runs the same
 schedule with no corruption; after every step:
@@ -65,7 +66,7 @@ def run(batch: int, kernel: str, args: argparse.Namespace, geom: Mamba2Geometry,
     n_req = batch + 2
     pages = n_req + 2  # the null page, every request, one page never handed out
     ms = [StateManager(layout, pages, device=dev, backend="triton", max_batch=batch) for _ in range(2)]
-    if kernel != "tma":
+    if kernel not in ("tma", "fused"):
         for m in ms:
             m.backend = ShapeBackend(kernel)
     m, twin = ms
@@ -117,6 +118,11 @@ def run(batch: int, kernel: str, args: argparse.Namespace, geom: Mamba2Geometry,
             dt = rnd(L, H, scale=0.5) - 0.5
             z = rnd(L, H, P, dtype=act)
             for mm, plan in zip(ms, plans):
+                if kernel == "fused":  # the fused conv + verify kernel, one launch per layer, at every batch
+                    with ot.override(fused={"MAX_ROWS": 1 << 30}):
+                        mm.conv_verify(layer, plan, xBC, dt, prm["A"], prm["w"], prm["b"], D=prm["D"],
+                                       dt_bias=prm["dt_bias"], z=z)
+                    continue
                 xbc = mm.conv(layer, plan, xBC, prm["w"], prm["b"])
                 x = xbc[:, : H * P].reshape(L, H, P)
                 B = xbc[:, H * P: H * P + G * N].reshape(L, G, N)
@@ -172,7 +178,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     gpu = torch.cuda.is_available()
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 128, 256] if gpu else [1, 3])
-    ap.add_argument("--kernels", nargs="+", default=["tma", "ldg", "ldg_stream"], choices=["tma", "ldg", "ldg_stream"])
+    ap.add_argument("--kernels", nargs="+", default=["tma", "ldg", "ldg_stream", "fused"],
+                    choices=["tma", "ldg", "ldg_stream", "fused"])
     ap.add_argument("--steps", type=int, default=6 if gpu else 4)
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
@@ -193,7 +200,7 @@ def main() -> int:
     total = dict(steps=0, corrupted=0, verify_launches=0, bit_diffs=0)
     for batch in args.batches:
         for kernel in args.kernels:
-            with ot.override(**({} if kernel == "tma" else {"shape": kernel})):
+            with ot.override(**({"shape": kernel} if kernel in ("ldg", "ldg_stream") else {})):
                 cfg = ot.choose_launch(batch, geom.heads_per_rank, geom.head_dim, geom.state_size, spec.ring_len,
                                        spec.num_tokens, dev, G=geom.groups_per_rank)
             stats = run(batch, kernel, args, geom, spec, dev)

@@ -80,20 +80,24 @@ class Launch:
 class _Override:
     device: DeviceClass | None
     launch: dict[str, Any]
+    fused: dict[str, int] = attrs.field(factory=dict)
 
 
 _OVERRIDE: contextvars.ContextVar[_Override | None] = contextvars.ContextVar("ssmstate_launch_override", default=None)
 
 
 @contextlib.contextmanager
-def override(device: DeviceClass | None = None, **launch: Any) -> Iterator[None]:
+def override(device: DeviceClass | None = None, fused: dict[str, int] | None = None,
+             **launch: Any) -> Iterator[None]:
     """Within the block, verify launches use ``launch`` and/or the launch choice sees ``device``.
 
     ``launch``: ``shape`` (a name in the table: that shape instead of the heuristic's choice) and any of
     :data:`OVERRIDE_KEYS`, which replace the chosen shape's fields. ``device``: the device class the choice and the
     launch arguments assume (e.g. ``DeviceClass(compiled=True, sms=132, gbps_per_sm=25.4)`` to capture an H100's
-    launches on CPU tensors). For benchmarks and tests; results agree to fp32/tf32 rounding across launches.
+    launches on CPU tensors). ``fused``: fields of the fused conv + verify launch (:data:`FUSED_KEYS`).
+    For benchmarks and tests; results agree to fp32/tf32 rounding across launches.
     """
+    _check_fused_override(fused or {})
     unknown = set(launch) - {"shape", *OVERRIDE_KEYS}
     if unknown:
         raise ConfigError(f"unknown launch override keys {sorted(unknown)}; known: shape, {', '.join(OVERRIDE_KEYS)}")
@@ -105,7 +109,7 @@ def override(device: DeviceClass | None = None, **launch: Any) -> Iterator[None]
     for key in ("KSPLIT", "TMA_STORE"):
         if launch.get(key, 0) not in (0, 1):
             raise ConfigError(f"override {key} must be 0 or 1, got {launch[key]!r}")
-    token = _OVERRIDE.set(_Override(device, dict(launch)))
+    token = _OVERRIDE.set(_Override(device, dict(launch), dict(fused or {})))
     try:
         yield
     finally:
@@ -305,3 +309,65 @@ def _check_tma(launch: Launch, hpg: int, N: int, R: int, rows: int) -> None:
         # from PTX byte-identical to the correct maxnreg-128 build but for the cap
         raise ConfigError(f"maxnreg {launch.maxnreg} is below {min_regs} on a ring of {R} rows (a {pow2(R)}-row "
                           f"sequence tile in the capped launch): use maxnreg >= {min_regs} or 0 (uncapped)")
+
+
+# -- the fused conv + verify kernel ----------------------------------------------------------
+
+#: the fields ``override(fused=...)`` may set
+FUSED_KEYS = ("BLOCK_P", "FOLD_N", "num_warps", "maxnreg", "HPP", "MAX_ROWS")
+
+
+@attrs.frozen
+class FusedLaunch:
+    """One fused conv + verify launch (``launch_table.json``'s ``fused``)."""
+
+    block_p: int  # head-dim rows per program
+    fold_n: int  # N columns per chunk of a flush row's fold
+    num_warps: int
+    hpp: int = 1  # heads of one group per program (the interpreter's: fewer, longer programs)
+    maxnreg: int = 0  # register cap (0: none; GPU only)
+
+
+def _check_fused_override(fields: dict[str, int]) -> None:
+    unknown = set(fields) - set(FUSED_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown fused override keys {sorted(unknown)}; known: {', '.join(FUSED_KEYS)}")
+    for key, v in fields.items():
+        pow2_key = key not in ("maxnreg", "MAX_ROWS")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (pow2_key and (v < 1 or v & (v - 1))):
+            raise ConfigError(f"fused override {key} must be a power of two (maxnreg, MAX_ROWS: an int >= 0), "
+                              f"got {v!r}")
+
+
+def fused_max_rows() -> int:
+    """The most rows a step may have for the "triton" backend's ``conv_verify`` to run the fused kernel (more: its
+    conv and verify launches, faster there); the table's ``max_rows``, or an :func:`override`'s ``MAX_ROWS``."""
+    ov = _OVERRIDE.get()
+    if ov is not None and "MAX_ROWS" in ov.fused:
+        return ov.fused["MAX_ROWS"]
+    return table()["fused"]["max_rows"]
+
+
+def fused_launch(rows: int, H: int, P: int, N: int, G: int, dev: DeviceClass) -> FusedLaunch:
+    """The fused kernel's launch for ``rows`` rows of this geometry, with any :func:`override` of it applied.
+
+    On the GPU one head per program, ``BLOCK_P`` head-dim rows, halved (down to ``min_block_p``) while the grid has
+    fewer than ``split_p_programs_per_sm`` programs per SM; the interpreter takes a group's heads and P whole."""
+    spec = table()["fused"]
+    if dev.compiled:
+        block = min(spec["BLOCK_P"], pow2(P))
+        while rows * H * -(-P // block) < spec["split_p_programs_per_sm"] * dev.sms and block > spec["min_block_p"]:
+            block //= 2
+        launch = FusedLaunch(block_p=block, fold_n=spec["FOLD_N"], num_warps=spec["num_warps"],
+                             maxnreg=spec.get("maxnreg", 0))
+    else:
+        launch = FusedLaunch(block_p=min(pow2(P), 128), fold_n=pow2(N), num_warps=4, hpp=H // max(G, 1))
+    ov = _OVERRIDE.get()
+    fields = ov.fused if ov is not None else {}
+    names = {"BLOCK_P": "block_p", "FOLD_N": "fold_n", "num_warps": "num_warps", "maxnreg": "maxnreg", "HPP": "hpp"}
+    launch = attrs.evolve(launch, **{names[k]: v for k, v in fields.items() if k in names})
+    if dev.compiled and launch.fold_n < 16:
+        raise ConfigError(f"FOLD_N must be >= 16 on the GPU, got {launch.fold_n}")
+    if (H // max(G, 1)) % launch.hpp:
+        raise ConfigError(f"HPP must divide the {H // max(G, 1)} heads per group, got {launch.hpp}")
+    return launch
