@@ -10,26 +10,10 @@ import torch
 
 from ssmstate.backends import Backend, get_backend
 from ssmstate.cache import StateCache
-from ssmstate.checks import (
-    FLOATS,
-    check_A_values,
-    check_rounding,
-    check_conv_inputs,
-    check_hashable,
-    check_host_pages,
-    check_page_ids,
-    check_request_ids,
-    check_tensor,
-    check_verify_inputs,
-    host_counts,
-    is_int,
-    resolve_device,
-    step_lengths,
-    step_rows,
-    tensor_version,
-)
+from ssmstate.checks import (FLOATS, check_A_values, check_conv_inputs, check_hashable, check_host_pages,
+                             check_page_ids, check_request_ids, check_rounding, check_tensor, check_verify_inputs,
+                             host_counts, is_int, resolve_device, step_lengths, step_rows, tensor_version)
 from ssmstate.engine_steps import EngineSteps
-from ssmstate.layer_step import LayerStep
 from ssmstate.errors import (
     ConfigError,
     DeviceCommitError,
@@ -38,6 +22,7 @@ from ssmstate.errors import (
     SSMStateError,
     UnknownRequestError,
 )
+from ssmstate.layer_step import LayerStep
 from ssmstate.ops import reference as ref
 from ssmstate.layout import SCALE_NAME, PageLayout
 from ssmstate.plan import RequestId, StepPlan

@@ -33,7 +33,7 @@ The native scheme (:meth:`PageLayout.native`) runs FlashInfer's
 ``selective_state_update`` in its multi-token form: the row starts from the
 state of the last accepted token (page ``page_table[r, state_slot + 1 - 1]``
 through ``num_accepted_tokens``) and writes the state after window token ``i``
-to ``page_table[r, i]``, exactly :func:`ssmstate.ops.reference.native_verify`.
+to ``page_table[r, i]``, exactly :func:`ssmstate.ops.reference_native.native_verify`.
 
 The conv update is vLLM's Triton ``causal_conv1d_update`` (the conv vLLM pairs
 with ``checkpointing_ssu``) on the replay window, one launch per layer, graph
@@ -53,7 +53,6 @@ test the errors.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import warnings
 import weakref
@@ -65,8 +64,20 @@ import attrs
 import torch
 
 from ssmstate.backends import flashinfer_tune as ft
+from ssmstate.backends.flashinfer_checks import (  # noqa: F401 (the layout checks are this module's API too)
+    MAX_NATIVE_TOKENS,
+    MAX_WINDOW,
+    QUANT_HEAD_DIM,
+    check_device,
+    check_gpu,
+    check_layout,
+    import_flashinfer,
+    unsupported_reasons,
+)
+from ssmstate.backends.flashinfer_checks import OTHERS as _OTHERS
 from ssmstate.backends.flashinfer_conv import VllmConv, import_vllm_conv
 from ssmstate.backends.flashinfer_tune import autotune
+from ssmstate.backends.layer_step import plan_capacity
 from ssmstate.backends.reference import ReferenceBackend
 from ssmstate.cache import StateCache
 from ssmstate.dtypes import is_quantized
@@ -83,132 +94,9 @@ ALGORITHMS = ("auto", "monolith", "two-kernel")
 NATIVE_ALGORITHMS = ("auto", "simple")
 #: ``conv`` values: vLLM's Triton kernel where importable else the reference, vLLM's or nothing, the reference.
 CONVS = ("auto", "vllm", "reference")
-#: checkpointing_ssu replays the ring in one 16-wide MMA K tile.
-MAX_WINDOW = 16
-#: selective_state_update's multi-token form is exercised up to 16 tokens here.
-MAX_NATIVE_TOKENS = 16
-_TWO_BYTE = (torch.bfloat16, torch.float16)
-#: checkpointing_ssu's int8/fp8 kernel: four warps of 16 head-dim rows each own the per-row amax, so one head's
-#: 64 rows are one tile (d_split 1); it is monolithic only (the two-kernel split takes 2- and 4-byte states)
-QUANT_HEAD_DIM = 64
 #: checkpoint dtypes whose writes checkpointing_ssu rounds stochastically with a ``rand_seed`` (Philox bits: the
 #: same distribution as ssmstate.ops.quant's rounding, not the same bits); a bf16 checkpoint it rounds to nearest
 SR_STATES = (torch.float16, torch.int8, torch.float8_e4m3fn)
-_STATE = (torch.float32, torch.bfloat16, torch.float16)
-_INT32_MAX = 2**31 - 1
-_OTHERS = "backends that can run it: 'reference' (PyTorch, any device) and 'triton'"
-_INSTALL = "pip install -e '.[flashinfer]' from a checkout (flashinfer-python>=0.7.2)"
-
-
-# -- checks that need no flashinfer ----------------------------------------------
-
-def unsupported_reasons(layout: PageLayout) -> list[str]:
-    """Why FlashInfer cannot serve ``layout`` (empty when it can). Needs neither flashinfer nor a GPU.
-
-    Replay (``checkpointing_ssu``): 2-byte activations (x, B, C, z and the x/B
-    rings; its MMAs are bf16/fp16 only), fp32/bf16/fp16 checkpoint or int8/fp8 with its decode scales at
-    ``P = 64`` (:data:`QUANT_HEAD_DIM`), ``W <= 16``
-    (one MMA K tile), ``T <= W``, ``P`` a multiple of 16 and at least 32 (the
-    output MMA tiles head_dim by 16 with a 32-wide floor), ``N`` a multiple of 64
-    (the state replay runs an even number of 32-column MMA passes), and
-    ``H * P * N`` below 2**31 (32-bit address folds).
-
-    Native (``selective_state_update``, multi-token): 2-byte activations,
-    ``T <= 16``, ``P`` a multiple of 16 (16 rows per pass), ``N`` a multiple of 64
-    (register tiling of the state rows, for every state dtype) and ``H / G`` a
-    power of two up to 64 (its head-group dispatch).
-    """
-    g, s = layout.geometry, layout.spec
-    H, P, N, G = g.heads_per_rank, g.head_dim, g.state_size, g.groups_per_rank
-    T, W = s.num_tokens, s.window
-    reasons: list[str] = []
-    if g.act_dtype not in _TWO_BYTE:
-        reasons.append(f"act_dtype={g.act_dtype} (x, B, C, z and the rings must be bf16 or fp16)")
-    if is_quantized(g.state_dtype):
-        if layout.scheme != "replay":
-            reasons.append(f"state_dtype={g.state_dtype}: 8-bit states are replay checkpoints only")
-        elif P != QUANT_HEAD_DIM:
-            reasons.append(f"state_dtype={g.state_dtype} needs head_dim P={QUANT_HEAD_DIM} (checkpointing_ssu's "
-                           f"8-bit kernel: one 64-row tile per head, d_split 1), got {P}")
-    elif g.state_dtype not in _STATE:
-        reasons.append(f"state_dtype={g.state_dtype} (needs fp32, bf16 or fp16)")
-    if P % 16:
-        reasons.append(f"head_dim P={P} is not a multiple of 16")
-    if N % 64:
-        reasons.append(f"state_size N={N} is not a multiple of 64")
-    if layout.scheme == "replay":
-        if W > MAX_WINDOW:
-            reasons.append(f"window W={W} > {MAX_WINDOW} (checkpointing_ssu replays at most 16 ring rows)")
-        if T > W:
-            reasons.append(f"T=1+K={T} > window W={W}")
-        if P < 32:
-            reasons.append(f"head_dim P={P} < 32")
-        if H * P * N > _INT32_MAX:
-            reasons.append(f"H*P*N={H * P * N} does not fit 32-bit offsets")
-    else:
-        if T > MAX_NATIVE_TOKENS:
-            reasons.append(f"T=1+K={T} > {MAX_NATIVE_TOKENS} tokens per step")
-        hpg = H // G
-        if hpg > 64 or hpg & (hpg - 1):
-            reasons.append(f"heads per group H/G={hpg} is not a power of two <= 64")
-    return reasons
-
-
-def check_layout(layout: PageLayout) -> None:
-    """Raise :class:`BackendUnavailableError` naming every reason FlashInfer cannot serve ``layout``."""
-    reasons = unsupported_reasons(layout)
-    if reasons:
-        raise BackendUnavailableError(
-            f"flashinfer backend cannot run this {layout.scheme} layout: {'; '.join(reasons)}; {_OTHERS}"
-        )
-
-
-def check_device(device: torch.device | str) -> torch.device:
-    device = torch.device(device)
-    if device.type != "cuda":
-        raise BackendUnavailableError(
-            f"flashinfer backend needs a CUDA device, got {device}; {_OTHERS} ('reference' on {device.type})"
-        )
-    return device
-
-
-# -- flashinfer, imported on demand ------------------------------------------------
-
-def import_flashinfer() -> ModuleType:
-    """``flashinfer.mamba``, or :class:`BackendUnavailableError` saying how to get a usable one."""
-    try:
-        import flashinfer.mamba as fim
-    except Exception as exc:  # ImportError, or a broken install failing at import time
-        raise BackendUnavailableError(
-            f"flashinfer backend: flashinfer-python cannot be imported ({type(exc).__name__}: {exc}); "
-            f"{_INSTALL}; {_OTHERS}"
-        ) from None
-    fn = getattr(fim, "checkpointing_ssu", None)
-    if fn is None or not hasattr(fim, "allocate_checkpointing_ssu_scratch"):
-        raise BackendUnavailableError(
-            f"flashinfer backend: this flashinfer has no checkpointing_ssu ring API; {_INSTALL}; {_OTHERS}"
-        )
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        params = None
-    if params is not None and not {"prev_num_accepted_tokens", "cu_seqlens", "algorithm"} <= set(params):
-        raise BackendUnavailableError(
-            f"flashinfer backend: this flashinfer's checkpointing_ssu predates the ring API "
-            f"(no prev_num_accepted_tokens/cu_seqlens/algorithm); {_INSTALL}; {_OTHERS}"
-        )
-    return fim
-
-
-def _check_gpu(device: torch.device) -> None:
-    if not torch.cuda.is_available():
-        raise BackendUnavailableError(f"flashinfer backend: CUDA is not available here; {_OTHERS}")
-    major, minor = torch.cuda.get_device_capability(device)
-    if major < 8:
-        raise BackendUnavailableError(
-            f"flashinfer backend needs compute capability 8.0+ (cp.async, mma.sync), "
-            f"{device} is {major}.{minor}; {_OTHERS}"
-        )
 
 
 # -- per-call argument checks (after the manager's shape/dtype checks) ---------------
@@ -231,17 +119,6 @@ def _check_rows(name: str, t: Tensor, inner: int, last: int) -> None:
 def _check_dt(dt: Tensor) -> None:
     if dt.shape[1] > 1 and dt.stride(1) != 1:
         raise ShapeError(f"flashinfer backend: dt needs unit stride over heads, got strides {tuple(dt.stride())}")
-
-
-def _max_rows(plan: StepPlan) -> int:
-    """Rows the plan's persistent buffers can hold (the manager's ``max_batch``)."""
-    pt = plan.page_table
-    per_row = pt.shape[1] * pt.element_size()
-    try:
-        cap = pt.untyped_storage().nbytes() // per_row
-    except (RuntimeError, ZeroDivisionError):
-        cap = 0
-    return max(plan.num_rows, cap)
 
 
 @attrs.define(eq=False)
@@ -325,7 +202,7 @@ class FlashInferBackend(ReferenceBackend):
         self._fim = import_flashinfer()
         if self.conv_choice == "vllm" and layout.scheme == "replay":
             self._vllm_conv(required=True)
-        _check_gpu(device)
+        check_gpu(device)
 
     @property
     def conv_impl(self) -> str:
@@ -382,7 +259,7 @@ class FlashInferBackend(ReferenceBackend):
     def _buffers_for(self, cache: StateCache, plan: StepPlan) -> _CacheBuffers:
         buf = self._buffers.get(cache)
         if buf is None or buf.rows < plan.num_rows:
-            self.reserve(cache, _max_rows(plan))
+            self.reserve(cache, plan_capacity(plan))
             buf = self._buffers[cache]
         return buf
 
@@ -527,7 +404,7 @@ class FlashInferBackend(ReferenceBackend):
                               f"{self._conv_note}", RuntimeWarning, stacklevel=3)
                 self._conv_warned = True
             return super().conv(cache, layer, plan, xBC, weight, bias, activation, out)
-        return vconv(cache, layer, plan, xBC, weight, bias, activation, out, _max_rows(plan))
+        return vconv(cache, layer, plan, xBC, weight, bias, activation, out, plan_capacity(plan))
 
     def commit(self, cache: StateCache, plan: StepPlan, accepted: Tensor, update_conv: bool,
                error_flag: Tensor) -> None:

@@ -8,6 +8,7 @@ from ssmstate.backends.layer_step import unfused_conv_verify
 from ssmstate.cache import StateCache
 from ssmstate.layout import SCALE_NAME, PageLayout
 from ssmstate.ops import reference as ref
+from ssmstate.ops import reference_native as refn
 from ssmstate.plan import StepPlan
 
 Tensor = torch.Tensor
@@ -27,8 +28,8 @@ class ReferenceBackend:
                C: Tensor, D: Tensor | None, dt_bias: Tensor | None, z: Tensor | None, out: Tensor) -> Tensor:
         t = cache.layers[layer]
         if cache.layout.scheme == "native":
-            return ref.native_verify(t["state"], cache.state_slot, plan.page_table_host, x, dt, A, B, C,
-                                     plan.cu_seqlens_host, out, D=D, dt_bias=dt_bias, z=z)
+            return refn.native_verify(t["state"], cache.state_slot, plan.page_table_host, x, dt, A, B, C,
+                                      plan.cu_seqlens_host, out, D=D, dt_bias=dt_bias, z=z)
         return ref.replay_verify(t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start,
                                  cache.num_committed, x, dt, A, B, C, plan.page_ids_host, plan.cu_seqlens_host,
                                  cache.layout.spec.window, out, D=D, dt_bias=dt_bias, z=z,
@@ -51,8 +52,8 @@ class ReferenceBackend:
     def commit(self, cache: StateCache, plan: StepPlan, accepted: Tensor, update_conv: bool,
                error_flag: Tensor) -> None:
         if cache.layout.scheme == "native":
-            ref.native_commit(cache.state_slot, cache.pending, cache.conv_shift, plan.page_ids, accepted,
-                              update_conv, error_flag)
+            refn.native_commit(cache.state_slot, cache.pending, cache.conv_shift, plan.page_ids, accepted,
+                               update_conv, error_flag)
         else:
             spec = cache.layout.spec
             ref.replay_commit(cache.ring_start, cache.num_committed, cache.pending, cache.conv_shift,
