@@ -311,3 +311,39 @@ def test_backend_takes_the_pair_past_max_rows():
     assert ref_rel(y1, y2) < 5e-5
     for name in ("checkpoint", "x_ring", "B_ring", "dt_ring", "conv"):
         assert ref_rel(mf.cache.layers[0][name], mp.cache.layers[0][name]) < 5e-5, name
+
+
+@pytest.mark.parametrize("state_dtype,sr", [(torch.int8, False), (torch.float16, True)])
+def test_backend_takes_the_pair_for_what_the_fused_kernel_does_not_write(state_dtype, sr):
+    """An 8-bit checkpoint (decode scales) or a stochastically rounded one: the triton ``conv_verify`` runs its
+    conv and verify kernels even where the fused kernel is forced (this module's fixture), so it writes the same
+    bytes as ``conv`` + ``verify`` (scales and seed passed through), flushes included; no fused counter touched."""
+    from ssmstate.backends.layer_step import _BUFFERS
+
+    geom = Mamba2Geometry(num_heads=2, head_dim=16, state_size=16, n_groups=1, conv_kernel=4, num_layers=1,
+                          state_dtype=state_dtype, act_dtype=torch.float32)
+    layout = PageLayout.replay(geom, SpecConfig(2, window=3))
+    mf, mp = (StateManager(layout, 6, backend="triton", max_batch=4, stochastic_rounding=sr, seed=7)
+              for _ in range(2))
+    gen = torch.Generator().manual_seed(6)
+    prm = _params(geom, gen)[0]
+    H, P, N, Dc, k = 2, 16, 16, geom.conv_dim_per_rank, geom.conv_kernel
+    for rid in ("a", "b"):
+        S, conv = torch.randn(H, P, N, generator=gen), torch.randn(Dc, k - 1, generator=gen)
+        for m in (mf, mp):
+            m.admit(rid)
+            m.write_state(rid, 0, S, conv)
+    for _ in range(3):  # 3 tokens a step into a window of 3: the second step flushes
+        plans = [m.begin_step(["a", "b"], [3, 3]) for m in (mf, mp)]
+        xBC, dt = torch.randn(6, Dc, generator=gen), torch.randn(6, H, generator=gen) * 0.5 - 0.5
+        y1 = mf.conv_verify(0, plans[0], xBC, dt, prm["A"], prm["w"], prm["b"], D=prm["D"], dt_bias=prm["dt_bias"])
+        x, B, C = ref.split_xbc(mp.conv(0, plans[1], xBC, prm["w"], prm["b"]), H, P, 1, N)
+        y2 = mp.verify(0, plans[1], x, dt, B, C, prm["A"], D=prm["D"], dt_bias=prm["dt_bias"])
+        assert torch.equal(y1, y2)
+        for m, plan in zip((mf, mp), plans):
+            m.commit(plan, [3, 2])
+    assert mf.cache not in _BUFFERS or _BUFFERS[mf.cache].counters is None, "the fused kernel ran"
+    names = ["checkpoint", "x_ring", "B_ring", "dt_ring", "conv"] + (["checkpoint_scale"] if not sr else [])
+    for name in names:
+        assert torch.equal(mf.cache.layers[0][name], mp.cache.layers[0][name]), name
+    assert torch.equal(mf.cache.cursors, mp.cache.cursors)
