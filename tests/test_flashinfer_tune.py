@@ -10,6 +10,8 @@ The kernels and the timing are exercised on the GPU (tests/gpu/test_flashinfer_g
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ssmstate.backends import flashinfer_tune as ft
@@ -168,3 +170,26 @@ def test_tune_flow_times_every_candidate_and_keeps_the_fastest(monkeypatch):
     be.chosen.update(got)
     gen = torch.Generator().manual_seed(4)
     assert served_call(m, 1, gen)["algorithm"] == "monolith"
+
+
+def test_8bit_checkpoints_take_the_monolith_whatever_was_tuned(monkeypatch):
+    """checkpointing_ssu's 8-bit kernel is monolithic only: a tuned or forced (probe) "two-kernel" choice never
+    reaches an int8 call, and tuning an int8 layout times the monolith alone."""
+    m, fake = make_manager(monkeypatch, max_batch=4, state="int8")
+    be = m.backend
+    be._fim = fake
+    be.chosen.update({("dense", 4): "two-kernel", ("varlen", 4): "two-kernel"})
+    assert be.algorithm_for("dense", 2, quantized=True) == "monolith"
+    gen = torch.Generator().manual_seed(5)
+    kw = served_call(m, 2, gen)
+    assert kw["algorithm"] == "monolith" and kw["state_scale"] is m.cache.layers[0]["checkpoint_scale"]
+    with be.forcing("two-kernel"):
+        assert be.algorithm_for("dense", 2) == "two-kernel"
+        assert be.algorithm_for("dense", 2, quantized=True) == "monolith"
+    monkeypatch.setattr(be, "autotune", lambda sizes, cache: contextlib.nullcontext())
+    monkeypatch.setattr(ft, "time_us", lambda fns, reps=10: (fns[0](), 1.0)[1])
+    n = len(fake.calls)
+    report = ft.tune(be, m.layout, torch.device("cpu"), [1], None, ft.CallShape.vllm(m.layout), 0, 1)
+    assert [(r["form"], r["us"], r["chosen"]) for r in report] == [("dense", {"monolith": 1.0}, "monolith"),
+                                                                  ("varlen", {"monolith": 1.0}, "monolith")]
+    assert {kw["algorithm"] for _, _, kw in fake.calls[n:]} == {"monolith"}
