@@ -88,6 +88,26 @@ def test_materialize_quantized(dtype, sr, exact):
             assert float(((sc_g - sc_w).abs() / sc_w.abs()).max()) <= 1e-6
 
 
+@pytest.mark.parametrize("dtype,sr", [(torch.float8_e4m3fn, False), (torch.float16, True)], ids=str)
+def test_materialize_negative_zero_one_row(dtype, sr):
+    """Stored -0 values folded over one committed row of dt = 0: kernel and reference store the same bytes (+0)."""
+    case = quant_case(3, dtype, sr, exact_fold=True, P=24, N=24)
+    page = case["page_ids"].tolist()[0]
+    case["num_committed"][page] = 1
+    ck = case["state"]["checkpoint"]
+    raw = ck.view(torch.uint8 if ck.element_size() == 1 else torch.int16)
+    raw[page, :, :2] = 0x80 if ck.element_size() == 1 else -0x8000  # -0 in two head-dim rows of every head
+    pages = torch.tensor([page], dtype=torch.int32)
+    res = []
+    for fn in (ot.replay_materialize, reference_materialize):
+        st = {k: v.clone() for k, v in case["state"].items()}
+        scale = None if case["scale"] is None else case["scale"].clone()
+        fn(st["checkpoint"], st["x_ring"], st["B_ring"], st["dt_ring"], case["ring_start"], case["num_committed"],
+           case["A"], pages, window=case["W"], checkpoint_scale=scale, sr_seed=case["sr_seed"], layer=LAYER)
+        res.append(st["checkpoint"][page].view(raw.dtype))
+    assert torch.equal(res[0], res[1]), f"{int((res[0] != res[1]).sum())} stored values differ"
+
+
 def test_quantized_arguments_refused():
     case = quant_case(4, torch.int8, False)
     out = torch.empty_like(case["x"])

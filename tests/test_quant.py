@@ -265,3 +265,32 @@ def test_quantize_checks():
     assert scale is None and stored.dtype == torch.bfloat16
     stored, scale = quant.quantize(s, I8)
     assert scale.shape == (2, 2, 4) and scale.dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("sr", [False, True])
+def test_16bit_nan_is_canonical(dtype, sr):
+    """Every NaN, of either sign and any payload, is stored as 0x7FFF (what the GPU's cast writes; CPU torch writes
+    0x7E00 or 0xFFFF), and a 1-element tensor (CPU torch's scalar path) stores the same bytes as a long one."""
+    nans = torch.tensor([0x7FC00000, -0x400000, 0x7F800001, 0x7FBFFFFF], dtype=torch.int32).view(torch.float32)
+    S = torch.cat([nans, torch.tensor([1.0, -0.0, float("inf"), 1e-40])]).repeat(9).reshape(1, 1, 1, 72)
+    kw = dict(seed=torch.tensor([3]), layer=1, pages=torch.tensor([2])) if sr else {}
+    for x in (S, S[..., :1]):
+        got = quant.quantize(x, dtype, **kw)[0].view(torch.int16).reshape(-1)
+        isnan = x.reshape(-1).isnan()
+        assert bool((got[isnan] == 0x7FFF).all()), got[isnan].tolist()
+        if not sr:
+            assert torch.equal(got[~isnan], x.reshape(-1)[~isnan].to(dtype).view(torch.int16))
+
+
+def test_fold_of_a_zero_state_is_plus_zero():
+    """The reference fold stores +0 where S0 is -0 and the update is zero, for one history row as for several (a
+    kernel's padded dot gives +0 there; einsum over a single row would keep the product's signed zero)."""
+    from ssmstate.ops.reference import fold
+
+    g = torch.Generator().manual_seed(0)
+    for k in (1, 2, 5):
+        S0 = torch.full((4, 8, 16), -0.0)
+        x, B = torch.randn(k, 4, 8, generator=g), torch.randn(k, 2, 16, generator=g)
+        S = fold(S0, x, B, torch.zeros(k, 4), -torch.rand(4, generator=g) - 0.3)
+        assert not bool(torch.signbit(S).any()), f"k={k}: {int(torch.signbit(S).sum())} negative zeros"

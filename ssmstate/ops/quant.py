@@ -56,6 +56,11 @@ Rounding with the bits ``r`` of an element:
   rounding of the add (below 2**-23 of a grid step).
 * fp8 clamps to [-448, 448] before and after rounding (e4m3fn has no inf; 480
   would be NaN), so SR saturates like the round-to-nearest path.
+
+A NaN is stored as one canonical pattern per type, whatever its sign or payload:
+0x7F in e4m3fn and 0x7FFF in bf16 and fp16 (what the GPU's conversions write;
+CPU torch writes 0x7E00 or 0xFFFF depending on its code path), so the reference
+gives the same bytes on every device and every backend stores them.
 """
 
 from __future__ import annotations
@@ -79,6 +84,8 @@ _FLOAT_SR: dict[torch.dtype, tuple[int, float, int]] = {
     torch.float8_e4m3fn: (20, 2.0 ** -6, 9),
 }
 _FP8_MAX = 448.0
+#: the canonical NaN of a 16-bit checkpoint (bf16 and fp16), as an int16 pattern
+NAN16 = 0x7FFF
 
 
 # -- deterministic encode / decode ------------------------------------------------
@@ -112,6 +119,13 @@ def _fp8_canonical_nan(v: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     hardware conversion writes 0x7F), so every backend stores the same byte."""
     nan = torch.full_like(q.view(torch.uint8), 0x7F)
     return torch.where(torch.isnan(v), nan, q.view(torch.uint8)).view(torch.float8_e4m3fn)
+
+
+def cast16(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 ``x`` cast to bf16 / fp16 (round to nearest even, subnormals kept), every NaN stored as 0x7FFF."""
+    out = x.to(dtype).view(torch.int16)
+    nan = torch.full_like(out, NAN16)
+    return torch.where(torch.isnan(x), nan, out).view(dtype)
 
 
 def encode(state: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,7 +237,7 @@ def sr_round_float(x: torch.Tensor, dtype: torch.dtype, bits: torch.Tensor) -> t
     out = torch.where(ax < min_normal, torch.copysign(sub, x), normal)
     if dtype == torch.float8_e4m3fn:
         return _fp8_canonical_nan(out, out.clamp(-_FP8_MAX, _FP8_MAX).to(dtype))
-    return out.to(dtype)
+    return cast16(out, dtype)
 
 
 def encode_sr(state: torch.Tensor, dtype: torch.dtype, bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -261,7 +275,7 @@ def quantize(state: torch.Tensor, dtype: torch.dtype, *, seed: torch.Tensor | No
     if seed is None:
         if is_quantized(dtype):
             return encode(state, dtype)
-        return state.to(dtype), None
+        return (cast16(state.float(), dtype) if dtype in (torch.bfloat16, torch.float16) else state.to(dtype)), None
     check_sr_dtype(dtype)
     if pages is None or state.dim() != 4:
         raise ShapeError("stochastic rounding needs a (B, H, P, N) state and its (B,) pages")

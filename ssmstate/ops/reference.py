@@ -64,7 +64,9 @@ def fold(S0: Tensor, x: Tensor, B: Tensor, dtp: Tensor, A: Tensor) -> Tensor:
     carry = torch.exp(torch.clamp(A * total, max=0.0))  # (H,)
     w = dtp * torch.exp(torch.clamp(A * (total - lam), max=0.0))  # (k, H)
     Bh = B.float()[:, _heads_to_groups(H, G, x.device)]  # (k, H, N)
-    upd = torch.einsum("kh,khp,khn->hpn", w, x.float(), Bh)
+    # + 0.0: a zero update is +0, as a sum over rows (or a kernel's padded dot) gives; einsum over one row returns
+    # the signed zero of its single product, which would turn a -0 of S0 into a stored -0 only there
+    upd = torch.einsum("kh,khp,khn->hpn", w, x.float(), Bh) + 0.0
     return carry[:, None, None] * S0 + upd
 
 

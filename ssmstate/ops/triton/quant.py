@@ -241,13 +241,20 @@ def quantize_sr(S, enc, bits, QMODE: tl.constexpr):
 @triton.jit
 def round_store_value(S, bits, ST: tl.constexpr, SR: tl.constexpr):
     """An unquantized checkpoint's stored values of the fp32 tile ``S``: cast to ``ST``, or (``SR``, bf16/fp16)
-    stochastically rounded first (then the cast is exact)."""
+    stochastically rounded first (then the cast is exact); a bf16 / fp16 NaN stored as 0x7FFF (the GPU's cast
+    writes it; the bf16 bit path and the interpreter's cast would keep a payload)."""
     if SR:
         if ST == tl.bfloat16:  # the top half of the fp32 bits (exact; the interpreter's cast flushes subnormals)
-            top = sr_float(S, bits, 16, 0.0, 0, False).to(tl.uint32, bitcast=True) >> 16
-            return top.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        else:
-            return sr_float(S, bits, 13, 6.103515625e-05, 24, False).to(ST)  # fp16: min normal 2^-14
+            top = (sr_float(S, bits, 16, 0.0, 0, False).to(tl.uint32, bitcast=True) >> 16).to(tl.uint16)
+        else:  # fp16: min normal 2^-14
+            top = sr_float(S, bits, 13, 6.103515625e-05, 24, False).to(ST).to(tl.uint16, bitcast=True)
+        return tl.where(S == S, top, 0x7FFF).to(tl.uint16).to(ST, bitcast=True)
+    elif ST == tl.bfloat16:  # round to nearest even on the bits (the interpreter's cast does not)
+        b = S.to(tl.uint32, bitcast=True)
+        top = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).to(tl.uint16)
+        return tl.where(S == S, top, 0x7FFF).to(tl.uint16).to(ST, bitcast=True)
+    elif ST == tl.float16:
+        return tl.where(S == S, S.to(ST).to(tl.uint16, bitcast=True), 0x7FFF).to(tl.uint16).to(ST, bitcast=True)
     else:
         return S.to(ST)
 
