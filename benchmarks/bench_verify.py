@@ -55,6 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig  # noqa: E402
+from ssmstate.backends.flashinfer_tune import time_us  # noqa: E402
 
 from progress import progress  # noqa: E402  (benchmarks/progress.py: tqdm on a terminal, plain lines in a log)
 
@@ -110,32 +111,10 @@ def time_calls(fns, reps: int, min_calls: int = 16) -> float:
         for f in fns:
             f()
         return (time.perf_counter() - t0) * 1e6 / len(fns)
-    fns = list(fns) * max(1, -(-min_calls // len(fns)))
-    for f in fns:
+    for f in fns:  # an eager call of each first (compiles, autotuning), outside the graph's warm-up
         f()
     torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for f in fns:
-            f()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / len(fns))
-    del graph
-    return statistics.median(times)
+    return time_us(fns, reps, min_calls)
 
 
 def copy_bandwidth() -> float:

@@ -217,3 +217,15 @@ def chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P: tl.constexpr, BLOCK_P: tl.cons
         oc = oc.to(tl.int64)
     ck = ck_page + h * s_ck_h + (tl.arange(0, BLOCK_P)[:, None] * S_CK_P + oc[None, :])
     return oc, ck, mp[:, None] & (oc < N_)[None, :]
+
+
+@triton.jit
+def load_tile(ck_page, h, s_ck_h, mS, S_CK_P: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+              EVEN: tl.constexpr):
+    """Head ``h``'s checkpoint tile (BLOCK_P, BLOCK_N), in the checkpoint's dtype (codes for an 8-bit one)."""
+    # offsets from constants only (the row stride S_CK_P is a constexpr): one base address per head
+    ck = ck_page + h * s_ck_h + (tl.arange(0, BLOCK_P)[:, None] * S_CK_P + tl.arange(0, BLOCK_N)[None, :])
+    if EVEN:  # no masks where P and N fill the blocks: fewer instructions
+        return tl.load(ck)
+    else:
+        return tl.load(ck, mask=mS, other=0)

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from ssmstate.ops.triton.common import (chunk, decay, fold_chunk, fold_weights, load_chunk, pdl_wait, safe_cursors,
-                                        softplus)
+                                        load_tile, softplus)
 
 
 @triton.jit
@@ -75,17 +75,6 @@ def _store_window(win_ch, seq, mch, ll, q, width, s_win_c, KW: tl.constexpr):
     """Store :func:`_window_seq`'s columns right-aligned (``conv_update``'s new window)."""
     dst = width - (KW + q) + ll
     tl.store(win_ch + dst * s_win_c, seq, mask=mch & (ll < KW + q) & (dst >= 0))
-
-
-@triton.jit
-def _load_tile(ck_page, h, s_ck_h, mS, S_CK_P: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-               EVEN: tl.constexpr):
-    """Head ``h``'s checkpoint tile (BLOCK_P, BLOCK_N), in the checkpoint's dtype."""
-    ck = ck_page + h * s_ck_h + (tl.arange(0, BLOCK_P)[:, None] * S_CK_P + tl.arange(0, BLOCK_N)[None, :])
-    if EVEN:  # no masks where P and N fill the blocks: fewer instructions
-        return tl.load(ck)
-    else:
-        return tl.load(ck, mask=mS, other=0.0)
 
 
 @triton.jit
@@ -199,7 +188,7 @@ def _fused_heads(
                     DT_SOFTPLUS, DOT_PREC, FOLD_SPLIT, FOLD_PREC, IDX64, TMAX, ACT16)
         if HPP > 1:  # the next head's loads (the last step re-loads its own head: L2 hits, no masked load)
             hn = h0 + tl.minimum(i + 1, HPP - 1)
-            S = _load_tile(ck_page, hn, s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
+            S = load_tile(ck_page, hn, s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
             seq, Xh, dth, dtn, A, Dh, dtb, zz = _head_loads(
                 hn, is_hist, is_new, ring, sk, tw, offs_p, mp, ms, ll, q, lo, end, P, win_page, s_win_d, s_win_c,
                 xbc_ptr, s_x_t, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr,
@@ -263,7 +252,7 @@ def conv_verify_kernel(
         mp = offs_p < P
         mn = offs_n < N
         mS = mp[:, None] & mn[None, :]
-        S = _load_tile(ck_page, h0, s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
+        S = load_tile(ck_page, h0, s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
         c, rs = safe_cursors(tl.load(nc_ptr + page), tl.load(rs_ptr + page), window, R)
         end = width - tl.minimum(tl.maximum(tl.load(shift_ptr + page), 0), TMAX)  # shift read clamped to [0, T]
         if GDC:  # a programmatic dependent (pdl=True): the step's inputs only after the kernel before has ended

@@ -11,21 +11,9 @@ import triton
 import triton.language as tl
 
 from ssmstate.ops.triton.common import (chunk, decay, fold_chunk, fold_chunk_value, fold_weights, load_chunk, load_raw,
-                                        pdl_wait, safe_cursors, softplus)
+                                        load_tile, pdl_wait, safe_cursors, softplus)
 from ssmstate.ops.triton.quant import (codes, fold_store_quant, load_scale, round_store_value, sr_bits, sr_head_key,
                                        sr_page_key, store_codes)
-
-
-@triton.jit
-def _load_tile(ck_page, h, s_ck_h, mS, S_CK_P: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-               EVEN: tl.constexpr):
-    """Head ``h``'s checkpoint tile (BLOCK_P, BLOCK_N), in the checkpoint's dtype."""
-    # offsets from constants only (the row stride S_CK_P is a constexpr): one base address per head
-    ck = ck_page + h * s_ck_h + (tl.arange(0, BLOCK_P)[:, None] * S_CK_P + tl.arange(0, BLOCK_N)[None, :])
-    if EVEN:  # no masks where P and N fill the blocks: fewer instructions
-        return tl.load(ck)
-    else:
-        return tl.load(ck, mask=mS, other=0)
 
 
 @triton.jit
@@ -38,7 +26,7 @@ def _head_tile(ck_page, h, s_ck_h, mS, c_rows, ms, mp, N_, S_CK_P: tl.constexpr,
         return _readout(ck_page, h, s_ck_h, c_rows, ms, mp, N_, S_CK_P, BLOCK_P, BLOCK_N, BLOCK_S, NC, NS, EVEN,
                         DOT_PREC, IDX64, QMODE, INTERP)
     else:
-        return _load_tile(ck_page, h, s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
+        return load_tile(ck_page, h, s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
 
 
 @triton.jit
@@ -281,7 +269,7 @@ def verify_ldg_kernel(
         if NC > 0:  # streamed: the readout (or a flush row's fold) starts in the head loop
             S = tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
         else:
-            S = _load_tile(ck_page, h0, s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
+            S = load_tile(ck_page, h0, s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
         c, rs = safe_cursors(tl.load(nc_ptr + page), tl.load(rs_ptr + page), window, R)
         if GDC:  # a programmatic dependent (pdl=True): the step's inputs only after the kernel before has ended
             pdl_wait()
