@@ -55,6 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig  # noqa: E402
+from ssmstate.layout import SCALE_NAME  # noqa: E402
 from ssmstate.backends.flashinfer_tune import time_us  # noqa: E402
 
 from progress import progress  # noqa: E402  (benchmarks/progress.py: tqdm on a terminal, plain lines in a log)
@@ -196,7 +197,9 @@ def bytes_model(layout: PageLayout, c: float, q: int, flush_frac: float) -> dict
 
 
 class Pool:
-    """Pages in the shared layout, filled with random data, plus inputs for the largest batch."""
+    """Pages in the shared layout, filled with random data, plus inputs for the largest batch. The layout's state
+    dtype decides the checkpoint: an 8-bit one holds random fp32 states encoded (codes in ``ck``, decode scales in
+    ``scale``); any other is drawn in its own dtype, ``scale`` None."""
 
     def __init__(self, layout: PageLayout, pages: int, max_batch: int, seed: int):
         torch.manual_seed(seed)
@@ -204,7 +207,12 @@ class Pool:
         self.layout = layout
         T, R = layout.spec.num_tokens, layout.spec.ring_len
         specs = {t.name: t for t in layout.tensors}
-        self.ck = torch.empty((pages, *specs["checkpoint"].shape), dtype=specs["checkpoint"].dtype, device=dev).normal_(0, 0.1)
+        ck = specs["checkpoint"]
+        if SCALE_NAME in specs:
+            from ssmstate.ops import quant
+            self.ck, self.scale = quant.encode(torch.empty((pages, *ck.shape), device=dev).normal_(0, 0.1), ck.dtype)
+        else:
+            self.ck, self.scale = torch.empty((pages, *ck.shape), dtype=ck.dtype, device=dev).normal_(0, 0.1), None
         self.xr = torch.empty((pages, *specs["x_ring"].shape), dtype=specs["x_ring"].dtype, device=dev).normal_()
         self.Br = torch.empty((pages, *specs["B_ring"].shape), dtype=specs["B_ring"].dtype, device=dev).normal_()
         self.dtr = torch.rand((pages, *specs["dt_ring"].shape), device=dev) * 0.1
@@ -224,7 +232,8 @@ class Pool:
         self.dt_bias = torch.rand(H, device=dev) * 0.1
 
     def nbytes_per_page(self) -> int:
-        return sum(t[0].numel() * t.element_size() for t in (self.ck, self.xr, self.Br, self.dtr))
+        own = (self.ck, self.xr, self.Br, self.dtr) + (() if self.scale is None else (self.scale,))
+        return sum(t[0].numel() * t.element_size() for t in own)
 
     def batch_sets(self, b: int, T: int, nsets: int):
         """``cu_seqlens`` of ``b`` rows of ``T`` tokens, ``nsets`` disjoint page sets of ``b`` pages (pages 1..), and

@@ -39,7 +39,6 @@ import torch  # noqa: E402
 
 import bench_verify as bv  # noqa: E402
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig  # noqa: E402
-from ssmstate.layout import SCALE_NAME  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "int8": torch.int8, "fp8": torch.float8_e4m3fn}
 FI_ALGOS = ("monolith", "auto", "two-kernel")
@@ -51,41 +50,6 @@ SWEEP = [{"shape": s} for s in ("latency", "one_head", "pipelined", "split", "sp
 
 def label(cfg: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in cfg.items())
-
-
-class QuantPool:
-    """Pages of one checkpoint dtype in the shared layout (random codes and scales for 8-bit) plus the inputs of
-    the largest batch."""
-
-    def __init__(self, layout: PageLayout, pages: int, max_batch: int, seed: int) -> None:
-        torch.manual_seed(seed)
-        dev = bv.DEV
-        specs = {t.name: t for t in layout.tensors}
-        ck = specs["checkpoint"]
-        S = torch.empty((pages, *ck.shape), device=dev).normal_(0, 0.1)
-        if SCALE_NAME in specs:
-            from ssmstate.ops import quant
-            self.ck, self.scale = quant.encode(S, ck.dtype)
-        else:
-            self.ck, self.scale = S.to(ck.dtype), None
-        del S
-        T, R = layout.spec.num_tokens, layout.spec.ring_len
-        self.xr = torch.empty((pages, *specs["x_ring"].shape), dtype=specs["x_ring"].dtype, device=dev).normal_()
-        self.Br = torch.empty((pages, *specs["B_ring"].shape), dtype=specs["B_ring"].dtype, device=dev).normal_()
-        self.dtr = torch.rand((pages, *specs["dt_ring"].shape), device=dev) * 0.1
-        self.rs = torch.randint(0, R, (pages,), dtype=torch.int32, device=dev)
-        self.nc = torch.zeros(pages, dtype=torch.int32, device=dev)
-        L = max_batch * T
-        act = layout.geometry.act_dtype
-        H, P, N, G = bv.H, bv.P, bv.N, bv.G
-        self.x = torch.randn(L, H, P, device=dev, dtype=act)
-        self.dt = (torch.randn(L, H, device=dev) * 0.5).to(act)
-        self.B = torch.randn(L, G, N, device=dev, dtype=act)
-        self.C = torch.randn(L, G, N, device=dev, dtype=act)
-        self.out = torch.empty(L, H, P, device=dev, dtype=act)
-        self.A = -torch.rand(H, device=dev) * 2 - 0.5
-        self.D = torch.randn(H, device=dev)
-        self.dt_bias = torch.rand(H, device=dev) * 0.1
 
 
 def layout_of(dtype: torch.dtype, T: int, W: int) -> PageLayout:
@@ -102,7 +66,7 @@ def bench_dtype(name: str, T: int, W: int, batches: list[int], fi, args, l2: int
     page_bytes = layout.layer_page_bytes
     sets_for = {b: max(2, math.ceil(4 * l2 / (b * page_bytes))) for b in batches}
     pages = 1 + max(sets_for[b] * b for b in batches)
-    pool = QuantPool(layout, pages, max(batches), seed=T * 100 + W)
+    pool = bv.Pool(layout, pages, max(batches), seed=T * 100 + W)
     bv.log(f"\n== {name}: pool {pages} pages x {page_bytes / 2**20:.2f} MiB = {pages * page_bytes / 2**30:.2f} GiB")
     c_nf, c_fl = W // 2, W
     out: dict[int, dict] = {}
@@ -146,7 +110,7 @@ def bench_dtype(name: str, T: int, W: int, batches: list[int], fi, args, l2: int
     return out
 
 
-def fi_rows(fi, pool: QuantPool, layout: PageLayout, b: int, sets, o, row: dict, args, c_nf: int) -> None:
+def fi_rows(fi, pool: bv.Pool, layout: PageLayout, b: int, sets, o, row: dict, args, c_nf: int) -> None:
     """FlashInfer's checkpointing_ssu on the pool's bytes and scales, each algorithm; the fastest is its figure."""
     from flashinfer.mamba import allocate_checkpointing_ssu_scratch, checkpointing_ssu
 
@@ -203,7 +167,7 @@ def warm(name: str) -> None:
     if fi is None:
         sys.exit("flashinfer is not importable")
     layout = layout_of(DTYPES[name], 4, 16)
-    pool = QuantPool(layout, 3, 1, seed=0)
+    pool = bv.Pool(layout, 3, 1, seed=0)
     ids = [torch.tensor([1], dtype=torch.int32, device=bv.DEV)]
     args = argparse.Namespace(reps=1)
     fi_rows(fi, pool, layout, 1, ids, pool.out[:4], {"ours_nonflush_us": 1.0}, args, 8)

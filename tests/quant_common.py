@@ -57,6 +57,16 @@ def run(fn, case: dict, **kw) -> tuple[dict, torch.Tensor | None, torch.Tensor]:
     return st, scale, out
 
 
+def materialize(fn, case: dict, pages: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
+    """``fn`` (a materialize) of ``pages`` ((n,) int32, 0 = padding) on copies of the case's tensors: (cache tensors,
+    scales)."""
+    st = {k: v.clone() for k, v in case["state"].items()}
+    scale = None if case["scale"] is None else case["scale"].clone()
+    fn(st["checkpoint"], st["x_ring"], st["B_ring"], st["dt_ring"], case["ring_start"], case["num_committed"],
+       case["A"], pages, window=case["W"], checkpoint_scale=scale, sr_seed=case["sr_seed"], layer=LAYER)
+    return st, scale
+
+
 def reference_verify(*args, **kw):
     return ref.replay_verify(*args, **kw)
 
@@ -106,12 +116,48 @@ def value_excess(got: torch.Tensor, got_scale, want: torch.Tensor, want_scale) -
     return float((excess / (b.abs().amax(-1, keepdim=True) + 1e-30)).max())
 
 
+#: an fp32 fold in another order, relative to its row's largest value: a few ulps (interpreted kernels)
+FOLD_TOL_CPU = 1e-6
+
+
+def scale_tol(fold_tol: float) -> float:
+    """Relative bound on two scales of one row whose folds differ by ``fold_tol`` of the row's magnitude: the scale
+    is amax / QMAX and amax is one of the row's fold values, so it moves by ``fold_tol`` of itself, plus the
+    rounding of the two fp32 divisions (QMAX / amax, 1 / enc) on either side (4 half-ulps, 2^-21 with room)."""
+    return fold_tol + 2.0 ** -21
+
+
+def assert_scales_close(got: torch.Tensor, want: torch.Tensor, fold_tol: float) -> None:
+    """Scales (any shape, fp32) of rows whose folds differ by up to ``fold_tol``: within :func:`scale_tol`."""
+    err = float(((got - want).abs() / want.abs()).max())
+    assert err <= scale_tol(fold_tol), f"a scale {err:.3g} (relative) from the reference's: beyond its fold's rounding"
+
+
+def assert_stored_close(ck_g: torch.Tensor, sc_g: torch.Tensor | None, ck_w: torch.Tensor, sc_w: torch.Tensor | None,
+                        *, exact: bool, moved: float = 0.02, fold_tol: float = FOLD_TOL_CPU) -> None:
+    """Stored checkpoints (and scales) written by a kernel (``_g``) and the reference (``_w``): identical bytes
+    (``exact``) or every value within one grid step plus ``fold_tol`` of its row's magnitude (the fold's own
+    rounding), at most a fraction ``moved`` of them stored differently, scales within :func:`scale_tol`."""
+    if exact:
+        assert torch.equal(ck_g.view(torch.uint8), ck_w.view(torch.uint8)), "stored bytes differ"
+        if sc_g is not None:
+            assert torch.equal(sc_g.view(torch.int32), sc_w.view(torch.int32)), "stored scales differ"
+        return
+    excess = value_excess(ck_g, sc_g, ck_w, sc_w)
+    assert excess <= fold_tol, f"a stored value beyond a grid step + {excess:.3g} of its row from the reference's"
+    steps = code_steps(ck_g, ck_w)
+    assert float((steps != 0).float().mean()) <= moved, f"more than {moved:.0%} of the stored values differ"
+    if sc_g is not None:
+        assert_scales_close(sc_g, sc_w, fold_tol)
+
+
 def assert_matches(case: dict, got: tuple, want: tuple, *, exact: bool, out_tol: float = 1e-5,
-                   moved: float = 0.02, fold_tol: float = 1e-5) -> None:
+                   moved: float = 0.02, fold_tol: float = FOLD_TOL_CPU) -> None:
     """The kernel's result ``got`` against the reference's ``want``: outputs within ``out_tol``, rings equal,
     unflushed pages' bytes and scales untouched, flushed pages' bytes and scales identical (``exact``) or every
     value within one grid step plus ``fold_tol`` of its row's magnitude (the fold's own rounding), at most a
-    fraction ``moved`` of them stored differently, scales within 1e-6."""
+    fraction ``moved`` of them stored differently, scales within :func:`scale_tol` of ``fold_tol``
+    (:func:`assert_stored_close`)."""
     (st_g, sc_g, out_g), (st_w, sc_w, out_w) = got, want
     assert rel(out_g, out_w) <= out_tol, f"output rel err {rel(out_g, out_w):.3g}"
     assert torch.equal(st_g["x_ring"], st_w["x_ring"]) and torch.equal(st_g["B_ring"], st_w["B_ring"])
@@ -123,18 +169,5 @@ def assert_matches(case: dict, got: tuple, want: tuple, *, exact: bool, out_tol:
     if sc_g is not None:
         assert torch.equal(sc_g[keep], case["scale"][keep]), "unflushed page's scales written"
     fl = case["flushed"]
-    if exact:
-        assert torch.equal(st_g["checkpoint"][fl].view(torch.uint8), st_w["checkpoint"][fl].view(torch.uint8))
-        if sc_g is not None:
-            assert torch.equal(sc_g[fl].view(torch.int32), sc_w[fl].view(torch.int32))
-        return
-    sg = None if sc_g is None else sc_g[fl]
-    sw = None if sc_w is None else sc_w[fl]
-    excess = value_excess(st_g["checkpoint"][fl], sg, st_w["checkpoint"][fl], sw)
-    assert excess <= fold_tol, f"a stored value beyond a grid step + {excess:.3g} of its row from the reference's"
-    steps = code_steps(st_g["checkpoint"][fl], st_w["checkpoint"][fl])
-    assert float((steps != 0).float().mean()) <= moved, f"more than {moved:.0%} of the flushed values differ"
-    if sc_g is not None:
-        assert float(((sc_g[fl] - sc_w[fl]).abs() / sc_w[fl].abs()).max()) <= 1e-6
-
-
+    assert_stored_close(st_g["checkpoint"][fl], None if sc_g is None else sc_g[fl], st_w["checkpoint"][fl],
+                        None if sc_w is None else sc_w[fl], exact=exact, moved=moved, fold_tol=fold_tol)

@@ -294,3 +294,23 @@ def test_fold_of_a_zero_state_is_plus_zero():
         x, B = torch.randn(k, 4, 8, generator=g), torch.randn(k, 2, 16, generator=g)
         S = fold(S0, x, B, torch.zeros(k, 4), -torch.rand(4, generator=g) - 0.3)
         assert not bool(torch.signbit(S).any()), f"k={k}: {int(torch.signbit(S).sum())} negative zeros"
+
+
+@pytest.mark.parametrize("dtype", [I8, FP8], ids=str)
+@pytest.mark.parametrize("fold_tol", [0.0, 1e-7, 1e-6, 1e-4])
+def test_scale_moves_with_its_rows_fold(dtype, fold_tol):
+    """The kernel tests' scale bound (tests.quant_common.scale_tol): rows whose values move by up to ``fold_tol`` of
+    the row's largest value (a fold in another order) get scales within ``fold_tol`` plus the divisions' rounding,
+    and no closer bound holds: the largest value moving by ``fold_tol`` moves the scale by as much."""
+    from tests.quant_common import scale_tol
+
+    gen = torch.Generator().manual_seed(int(fold_tol * 1e9) + 3)
+    S = torch.randn(4096, 64, generator=gen) * 10.0 ** torch.randint(-3, 4, (4096, 1), generator=gen).float()
+    amax = S.abs().amax(-1, keepdim=True)
+    moved = S + fold_tol * amax * (torch.rand(S.shape, generator=gen) * 2 - 1)
+    grown = torch.where(S.abs() == amax, S * (1 + fold_tol), S)  # the largest value moved by the whole tolerance
+    _, s0 = quant.row_scales(S, dtype)
+    for other in (moved, grown):
+        err = ((quant.row_scales(other, dtype)[1] - s0).abs() / s0).double()
+        assert float(err.max()) <= scale_tol(fold_tol)
+    assert float(err.max()) >= 0.9 * fold_tol  # the grown rows reach the bound: it is not slack
