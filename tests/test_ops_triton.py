@@ -249,12 +249,16 @@ def test_half_precision_states(kernel, state_dtype):
 
 @settings(max_examples=20, **SETTINGS)
 @given(st.integers(0, 2**16), st.integers(2, 4), st.integers(1, 8), st.sampled_from([torch.float32, torch.bfloat16]),
-       st.booleans(), st.sampled_from(["silu", None]))
-def test_conv_matches_reference(seed, k, T, dtype, with_bias, activation):
+       st.booleans(), st.sampled_from(["silu", None]), st.booleans(), st.sampled_from([16, 64]))
+def test_conv_matches_reference(seed, k, T, dtype, with_bias, activation, channels_last, block_d):
+    """Any storage order of the window (the layout's channel-contiguous one, or columns contiguous) and programs
+    of one or several blocks of channels: the window's bytes as the reference's, the outputs to rounding."""
     gen = torch.Generator().manual_seed(seed)
     pages, Dc, rows = 7, 40, 5
     width = k - 1 + T
     win = torch.randn(pages, Dc, width, generator=gen).to(dtype)
+    if channels_last:
+        win = win.transpose(1, 2).contiguous().transpose(1, 2)
     win[0] = 0
     shift = torch.randint(0, T + 1, (pages,), generator=gen, dtype=torch.int32)
     qs = torch.randint(1, T + 1, (rows,), generator=gen).tolist()
@@ -268,7 +272,8 @@ def test_conv_matches_reference(seed, k, T, dtype, with_bias, activation):
     o1 = torch.full((L, Dc), 7.0).to(dtype)
     o2 = o1.clone()
     ref.conv_update(w1, shift, xbc, w, bias, ids, cu, o1, activation=activation)
-    ot.conv_update(w2, shift, xbc, w, bias, ids, cu, o2, activation=activation, block_d=16)
+    with ot.override(conv={"BLOCK_D": block_d}):
+        ot.conv_update(w2, shift, xbc, w, bias, ids, cu, o2, activation=activation)
     assert torch.equal(w1, w2)
     assert rel(o2, o1) < (1e-5 if dtype == torch.float32 else 1e-2)
     assert bool((o2[cu[2]:cu[3]] == 7.0).all()), "a padding row's conv output was written"
