@@ -498,3 +498,38 @@ def test_row_cursors_refusals():
     assert bool((out == 7.0).all())
 
 
+
+
+def test_conv_row_shift_is_read_and_checked():
+    """With the step's gathered shifts (``row_shift``) the kernel reads them instead of the cursor: the same bytes as
+    the reference; a stale one is a LifecycleError in the reference, a wrong tensor a ShapeError in both."""
+    from ssmstate.errors import LifecycleError, ShapeError
+
+    gen = torch.Generator().manual_seed(3)
+    pages, Dc, k, T = 6, 24, 4, 3
+    win = torch.randn(pages, k - 1 + T, Dc, generator=gen).transpose(1, 2)
+    shift = torch.tensor([0, 2, 0, 3, 1, 2], dtype=torch.int32)
+    ids = torch.tensor([4, 0, 1, 3], dtype=torch.int32)
+    cu = torch.tensor([0, 3, 5, 6, 8], dtype=torch.int32)
+    xbc, w = torch.randn(8, Dc, generator=gen), torch.randn(Dc, k, generator=gen)
+    row_shift = shift[ids.long()].clone()
+    row_shift[1] = 99  # a padding row's value is never read
+    outs = []
+    for fn in (ref.conv_update, ot.conv_update):
+        wn, o = win.clone(), torch.zeros(8, Dc)
+        fn(wn, shift, xbc, w, None, ids, cu, o, row_shift=row_shift)
+        outs.append((wn, o))
+    assert torch.equal(outs[0][0], outs[1][0]) and rel(outs[1][1], outs[0][1]) < 1e-5
+    wn = win.clone()
+    ot.conv_update(wn, torch.zeros_like(shift), xbc, w, None, ids, cu, torch.zeros(8, Dc), row_shift=row_shift)
+    assert torch.equal(wn, outs[0][0]), "the kernel read the page cursor, not the row's gathered shift"
+    stale = row_shift.clone()
+    stale[2] += 1
+    before = win.clone()
+    with pytest.raises(LifecycleError, match="stale"):
+        ref.conv_update(win, shift, xbc, w, None, ids, cu, torch.zeros(8, Dc), row_shift=stale)
+    assert torch.equal(win, before)
+    for fn in (ref.conv_update, ot.conv_update):
+        with pytest.raises(ShapeError, match="row_shift"):
+            fn(win, shift, xbc, w, None, ids, cu, torch.zeros(8, Dc), row_shift=row_shift[:3])
+    assert torch.equal(win, before)

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ssmstate.errors import ConfigError, ShapeError
+from ssmstate.ops.reference import check_row_shift_shape
 from ssmstate.ops.triton.common import KernelLaunch, compiled, pdl_wait
 from ssmstate.ops.triton.config import conv_block
 
@@ -38,14 +39,14 @@ def _seq_tile(wbase, x_ptr, cols, end, lo, q, offs_d, md, s_win_c, s_x_t, s_x_d,
 
 @triton.jit
 def _conv_update_kernel(
-    win_ptr, shift_ptr, x_ptr, w_ptr, b_ptr, out_ptr, page_ptr, cu_ptr,
+    win_ptr, shift_ptr, rshift_ptr, x_ptr, w_ptr, b_ptr, out_ptr, page_ptr, cu_ptr,
     Dc, width,
     s_win_pg, s_win_d, s_win_c,
     s_x_t, s_x_d,
     s_w_d, s_w_k,
     s_o_t, s_o_d,
     KW: tl.constexpr, TMAX: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, GDC: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, GDC: tl.constexpr, ROW_SHIFT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if GDC:  # a programmatic dependent (pdl=True): everything after the kernel before has ended; only then may the
@@ -58,7 +59,11 @@ def _conv_update_kernel(
     if (page != 0) & (q > 0):
         offs_d = pid * BLOCK_D + tl.arange(0, BLOCK_D)
         md = offs_d < Dc
-        shift = tl.minimum(tl.maximum(tl.load(shift_ptr + page), 0), TMAX)  # a corrupted cursor stays in the window
+        if ROW_SHIFT:  # gathered per row when the step began: loaded beside the page id, not after it
+            shift = tl.load(rshift_ptr + row)
+        else:
+            shift = tl.load(shift_ptr + page)
+        shift = tl.minimum(tl.maximum(shift, 0), TMAX)  # a corrupted cursor stays in the window
         end = width - shift
         wbase = win_ptr + page * s_win_pg + offs_d[None, :].to(tl.int64) * s_win_d
         # y[t] = bias + sum_j w[:, j] * seq[t + j]: per tap, the (token, channel) tile of columns j .. j + BLOCK_T - 1
@@ -94,6 +99,7 @@ def conv_launch(
     out: Tensor,
     activation: str | None = "silu",
     pdl: bool = False,
+    row_shift: Tensor | None = None,
 ) -> KernelLaunch:
     """The launch :func:`conv_update` makes for these arguments, without running it (what
     ``tools/kernel_resources.py`` compiles for a GPU on a machine without one)."""
@@ -105,13 +111,16 @@ def conv_launch(
         raise ShapeError(f"conv window width {width} leaves no room for a token with kernel {k}")
     if not isinstance(pdl, bool):
         raise ConfigError(f"pdl must be a bool, got {pdl!r}")
+    if row_shift is not None:
+        check_row_shift_shape(row_shift, page_ids.shape[0], out.device)
     gdc = pdl and compiled(out.device)
     BLOCK_D, warps = conv_block(Dc, conv_window.element_size())
     grid = (triton.cdiv(Dc, BLOCK_D), page_ids.shape[0])
-    args = (conv_window, conv_shift, xBC, weight, bias if bias is not None else weight, out, page_ids, cu_seqlens,
+    args = (conv_window, conv_shift, conv_shift if row_shift is None else row_shift, xBC, weight, bias if bias is not None else weight, out, page_ids, cu_seqlens,
             Dc, width, *conv_window.stride(), *xBC.stride(), *weight.stride(), *out.stride())
     kwargs = dict(KW=KW, TMAX=TMAX, BLOCK_D=BLOCK_D, BLOCK_L=triton.next_power_of_2(width),
                   BLOCK_T=triton.next_power_of_2(TMAX), HAS_BIAS=bias is not None, SILU=activation == "silu", GDC=gdc,
+                  ROW_SHIFT=row_shift is not None,
                   num_warps=warps, **({"launch_pdl": True} if gdc else {}))
     return KernelLaunch(_conv_update_kernel, grid, args, kwargs)
 
@@ -127,6 +136,7 @@ def conv_update(
     out: Tensor,
     activation: str | None = "silu",
     pdl: bool = False,
+    row_shift: Tensor | None = None,
 ) -> Tensor:
     """Causal depthwise conv1d of the window tokens (see :func:`reference.conv_update`).
 
@@ -147,8 +157,11 @@ def conv_update(
             each program waits for it to end, then lets the next kernel launch, so that kernel (the layer's
             :func:`~ssmstate.ops.triton.verify.replay_verify` with ``pdl=True``) starts its own reads while
             this one runs. Only the launch overlaps the kernel before.
+        row_shift: (rows,) int32 or None, the step plan's (``StepPlan.row_conv_shift``): each row's page's
+            ``conv_shift``, equal to the cursor (the reference checks it), read beside the page id.
     Returns:
         ``out``.
     """
-    conv_launch(conv_window, conv_shift, xBC, weight, bias, page_ids, cu_seqlens, out, activation, pdl).run()
+    conv_launch(conv_window, conv_shift, xBC, weight, bias, page_ids, cu_seqlens, out, activation, pdl,
+                row_shift).run()
     return out
