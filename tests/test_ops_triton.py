@@ -512,7 +512,9 @@ def test_conv_row_shift_is_read_and_checked():
     ids = torch.tensor([4, 0, 1, 3], dtype=torch.int32)
     cu = torch.tensor([0, 3, 5, 6, 8], dtype=torch.int32)
     xbc, w = torch.randn(8, Dc, generator=gen), torch.randn(Dc, k, generator=gen)
-    row_shift = shift[ids.long()].clone()
+    gathered = torch.zeros(4, 4, dtype=torch.int32)  # strided, as the plan's view of the gathered cursors
+    row_shift = gathered[:, 3]
+    row_shift.copy_(shift[ids.long()])
     row_shift[1] = 99  # a padding row's value is never read
     outs = []
     for fn in (ref.conv_update, ot.conv_update):

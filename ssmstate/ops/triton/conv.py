@@ -40,7 +40,7 @@ def _seq_tile(wbase, x_ptr, cols, end, lo, q, offs_d, md, s_win_c, s_x_t, s_x_d,
 @triton.jit
 def _conv_update_kernel(
     win_ptr, shift_ptr, rshift_ptr, x_ptr, w_ptr, b_ptr, out_ptr, page_ptr, cu_ptr,
-    Dc, width,
+    Dc, width, s_rs,
     s_win_pg, s_win_d, s_win_c,
     s_x_t, s_x_d,
     s_w_d, s_w_k,
@@ -60,7 +60,7 @@ def _conv_update_kernel(
         offs_d = pid * BLOCK_D + tl.arange(0, BLOCK_D)
         md = offs_d < Dc
         if ROW_SHIFT:  # gathered per row when the step began: loaded beside the page id, not after it
-            shift = tl.load(rshift_ptr + row)
+            shift = tl.load(rshift_ptr + row * s_rs)
         else:
             shift = tl.load(shift_ptr + page)
         shift = tl.minimum(tl.maximum(shift, 0), TMAX)  # a corrupted cursor stays in the window
@@ -116,8 +116,10 @@ def conv_launch(
     gdc = pdl and compiled(out.device)
     BLOCK_D, warps = conv_block(Dc, conv_window.element_size())
     grid = (triton.cdiv(Dc, BLOCK_D), page_ids.shape[0])
-    args = (conv_window, conv_shift, conv_shift if row_shift is None else row_shift, xBC, weight, bias if bias is not None else weight, out, page_ids, cu_seqlens,
-            Dc, width, *conv_window.stride(), *xBC.stride(), *weight.stride(), *out.stride())
+    args = (conv_window, conv_shift, conv_shift if row_shift is None else row_shift, xBC, weight,
+            bias if bias is not None else weight, out, page_ids, cu_seqlens,
+            Dc, width, 0 if row_shift is None else row_shift.stride(0),
+            *conv_window.stride(), *xBC.stride(), *weight.stride(), *out.stride())
     kwargs = dict(KW=KW, TMAX=TMAX, BLOCK_D=BLOCK_D, BLOCK_L=triton.next_power_of_2(width),
                   BLOCK_T=triton.next_power_of_2(TMAX), HAS_BIAS=bias is not None, SILU=activation == "silu", GDC=gdc,
                   ROW_SHIFT=row_shift is not None,
