@@ -94,7 +94,7 @@ class EngineSteps:
         plan = StepPlan(
             step_id=self._step, request_ids=(), num_tokens=qs, page_ids=pids, page_table=tb, cu_seqlens=cb,
             page_ids_host=pids, page_table_host=tb, cu_seqlens_host=cb, max_seqlen=max_seqlen,
-            total_tokens=total_tokens, external=True, row_cursors=self._gather_row_cursors(pids),
+            total_tokens=total_tokens, external=True, **self._gather_row_cursors(pids),
         )
         self._open_ids = frozenset()
         self._open = plan
@@ -123,15 +123,15 @@ class EngineSteps:
         p = page_ids.long()
         return p.masked_fill((p < 0) | (p >= self.cache.num_pages), 0)
 
-    def _gather_row_cursors(self, page_ids: Tensor) -> Tensor | None:
-        """Gather each row's page cursors (ring_start, num_committed) into the persistent buffer, on the
-        device (one index_select, no sync); return its (2, rows) view, or None (the native scheme, or a backend
-        that does not read them)."""
+    def _gather_row_cursors(self, page_ids: Tensor) -> dict[str, Tensor]:
+        """Gather each row's page cursors into the persistent buffer, on the device (one index_select, no sync);
+        return the plan's views of it: ``row_cursors`` (ring_start, num_committed) (2, rows) and
+        ``row_conv_shift`` (rows,), or nothing (the native scheme, or a backend that does not read them)."""
         if self._row_cursor_buf is None or not self.backend.reads_row_cursors:
-            return None
+            return {}
         buf = self._row_cursor_buf[: page_ids.shape[0]]
-        torch.index_select(self.cache.cursors[:2].t(), 0, page_ids, out=buf)
-        return buf.t()
+        torch.index_select(self.cache.cursors.t(), 0, page_ids, out=buf)
+        return {"row_cursors": buf[:, :2].t(), "row_conv_shift": buf[:, 3]}
 
     def _require_no_open_step(self) -> None:
         if self._open is not None:

@@ -24,7 +24,7 @@ from ssmstate.errors import (
 )
 from ssmstate.layer_step import LayerStep
 from ssmstate.ops import reference as ref
-from ssmstate.layout import SCALE_NAME, PageLayout
+from ssmstate.layout import CURSORS_PER_PAGE, SCALE_NAME, PageLayout
 from ssmstate.plan import RequestId, StepPlan
 from ssmstate.pool import PagePool
 from ssmstate.saved import SavedState, check_saved, restore_pages, save_pages
@@ -125,9 +125,10 @@ class StateManager(EngineSteps, LayerStep):
             self._accepted_buf = torch.zeros((rows,), **i32)
             self._pending_np = None
         self.error_flag = torch.zeros((1,), **i32)
-        # each row's (ring_start, num_committed), gathered per step (StepPlan.row_cursors) for a backend that
-        # reads them; (rows, 2) so a row's pair is one gathered row, handed out as its (2, rows) transpose
-        self._row_cursor_buf = torch.zeros((rows, 2), **i32) if layout.scheme == "replay" else None
+        # each row's page cursors, gathered per step for a backend that reads them: (rows, 4) so a row's cursors
+        # are one gathered row; handed out as (ring_start, num_committed) (2, rows) (StepPlan.row_cursors) and
+        # conv_shift (rows,) (StepPlan.row_conv_shift)
+        self._row_cursor_buf = torch.zeros((rows, CURSORS_PER_PAGE), **i32) if layout.scheme == "replay" else None
 
     # -- properties -------------------------------------------------------------
     @property
@@ -344,7 +345,7 @@ class StateManager(EngineSteps, LayerStep):
             step_id=self._step, request_ids=ids, num_tokens=all_q, page_ids=tb[:, 0],
             page_table=tb, cu_seqlens=cb, page_ids_host=table_host[:, 0], page_table_host=table_host,
             cu_seqlens_host=cu_host, max_seqlen=qs if uniform else max(all_q), total_tokens=int(cu[rows]),
-            row_cursors=self._gather_row_cursors(tb[:, 0]),
+            **self._gather_row_cursors(tb[:, 0]),
         )
         self._open_ids = open_ids
         self._open = plan

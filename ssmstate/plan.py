@@ -38,6 +38,8 @@ class StepPlan:
             kernels read a row's cursors beside its page id instead of one dependent load later.
             Cursors only move at commit (the step's rows are locked until then), and
             :meth:`~ssmstate.StateManager.reset_cursors` on an open step gathers them again.
+        row_conv_shift: (rows,) int32 device, with ``row_cursors`` (None where it is): each row's page's
+            ``conv_shift``, gathered in the same copy, so a conv update reads it beside the page id.
     """
 
     step_id: int
@@ -56,6 +58,7 @@ class StepPlan:
     committed: bool = False
     external: bool = False
     row_cursors: torch.Tensor | None = None
+    row_conv_shift: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:

@@ -130,7 +130,8 @@ def test_conv_corrupted_shift():
     w1, w2 = win.clone(), win.clone()
     o1, o2 = torch.full((L, Dc), 7.0), torch.full((L, Dc), 7.0)
     ref.conv_update(w1, shift, xbc, w, bias, ids, cu, o1)
-    trk.conv_update(w2, shift, xbc, w, bias, ids, cu, o2, block_d=16)
+    with trk.override(conv={"BLOCK_D": 16}):
+        trk.conv_update(w2, shift, xbc, w, bias, ids, cu, o2)
     assert torch.equal(w1, w2) and rel(o2, o1) < 1e-5
     assert torch.equal(w2[[0, 5, 6]], win[[0, 5, 6]])
 

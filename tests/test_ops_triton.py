@@ -249,12 +249,16 @@ def test_half_precision_states(kernel, state_dtype):
 
 @settings(max_examples=20, **SETTINGS)
 @given(st.integers(0, 2**16), st.integers(2, 4), st.integers(1, 8), st.sampled_from([torch.float32, torch.bfloat16]),
-       st.booleans(), st.sampled_from(["silu", None]))
-def test_conv_matches_reference(seed, k, T, dtype, with_bias, activation):
+       st.booleans(), st.sampled_from(["silu", None]), st.booleans(), st.sampled_from([16, 64]))
+def test_conv_matches_reference(seed, k, T, dtype, with_bias, activation, channels_last, block_d):
+    """Any storage order of the window (the layout's channel-contiguous one, or columns contiguous) and programs
+    of one or several blocks of channels: the window's bytes as the reference's, the outputs to rounding."""
     gen = torch.Generator().manual_seed(seed)
     pages, Dc, rows = 7, 40, 5
     width = k - 1 + T
     win = torch.randn(pages, Dc, width, generator=gen).to(dtype)
+    if channels_last:
+        win = win.transpose(1, 2).contiguous().transpose(1, 2)
     win[0] = 0
     shift = torch.randint(0, T + 1, (pages,), generator=gen, dtype=torch.int32)
     qs = torch.randint(1, T + 1, (rows,), generator=gen).tolist()
@@ -268,7 +272,8 @@ def test_conv_matches_reference(seed, k, T, dtype, with_bias, activation):
     o1 = torch.full((L, Dc), 7.0).to(dtype)
     o2 = o1.clone()
     ref.conv_update(w1, shift, xbc, w, bias, ids, cu, o1, activation=activation)
-    ot.conv_update(w2, shift, xbc, w, bias, ids, cu, o2, activation=activation, block_d=16)
+    with ot.override(conv={"BLOCK_D": block_d}):
+        ot.conv_update(w2, shift, xbc, w, bias, ids, cu, o2, activation=activation)
     assert torch.equal(w1, w2)
     assert rel(o2, o1) < (1e-5 if dtype == torch.float32 else 1e-2)
     assert bool((o2[cu[2]:cu[3]] == 7.0).all()), "a padding row's conv output was written"
@@ -493,3 +498,40 @@ def test_row_cursors_refusals():
     assert bool((out == 7.0).all())
 
 
+
+
+def test_conv_row_shift_is_read_and_checked():
+    """With the step's gathered shifts (``row_shift``) the kernel reads them instead of the cursor: the same bytes as
+    the reference; a stale one is a LifecycleError in the reference, a wrong tensor a ShapeError in both."""
+    from ssmstate.errors import LifecycleError, ShapeError
+
+    gen = torch.Generator().manual_seed(3)
+    pages, Dc, k, T = 6, 24, 4, 3
+    win = torch.randn(pages, k - 1 + T, Dc, generator=gen).transpose(1, 2)
+    shift = torch.tensor([0, 2, 0, 3, 1, 2], dtype=torch.int32)
+    ids = torch.tensor([4, 0, 1, 3], dtype=torch.int32)
+    cu = torch.tensor([0, 3, 5, 6, 8], dtype=torch.int32)
+    xbc, w = torch.randn(8, Dc, generator=gen), torch.randn(Dc, k, generator=gen)
+    gathered = torch.zeros(4, 4, dtype=torch.int32)  # strided, as the plan's view of the gathered cursors
+    row_shift = gathered[:, 3]
+    row_shift.copy_(shift[ids.long()])
+    row_shift[1] = 99  # a padding row's value is never read
+    outs = []
+    for fn in (ref.conv_update, ot.conv_update):
+        wn, o = win.clone(), torch.zeros(8, Dc)
+        fn(wn, shift, xbc, w, None, ids, cu, o, row_shift=row_shift)
+        outs.append((wn, o))
+    assert torch.equal(outs[0][0], outs[1][0]) and rel(outs[1][1], outs[0][1]) < 1e-5
+    wn = win.clone()
+    ot.conv_update(wn, torch.zeros_like(shift), xbc, w, None, ids, cu, torch.zeros(8, Dc), row_shift=row_shift)
+    assert torch.equal(wn, outs[0][0]), "the kernel read the page cursor, not the row's gathered shift"
+    stale = row_shift.clone()
+    stale[2] += 1
+    before = win.clone()
+    with pytest.raises(LifecycleError, match="stale"):
+        ref.conv_update(win, shift, xbc, w, None, ids, cu, torch.zeros(8, Dc), row_shift=stale)
+    assert torch.equal(win, before)
+    for fn in (ref.conv_update, ot.conv_update):
+        with pytest.raises(ShapeError, match="row_shift"):
+            fn(win, shift, xbc, w, None, ids, cu, torch.zeros(8, Dc), row_shift=row_shift[:3])
+    assert torch.equal(win, before)

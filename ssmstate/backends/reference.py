@@ -39,7 +39,8 @@ class ReferenceBackend:
     def conv(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, weight: Tensor, bias: Tensor | None,
              activation: str | None, out: Tensor) -> Tensor:
         return ref.conv_update(cache.layers[layer]["conv"], cache.conv_shift, xBC, weight, bias,
-                               plan.page_ids_host, plan.cu_seqlens_host, out, activation=activation)
+                               plan.page_ids_host, plan.cu_seqlens_host, out, activation=activation,
+                               row_shift=plan.row_conv_shift)
 
     def conv_verify(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, dt: Tensor, A: Tensor,
                     weight: Tensor, bias: Tensor | None, activation: str | None, D: Tensor | None,

@@ -121,7 +121,8 @@ class TritonBackend:
     def conv(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, weight: Tensor,
              bias: Tensor | None, activation: str | None, out: Tensor) -> Tensor:
         return _ops().conv_update(cache.layers[layer]["conv"], cache.conv_shift, xBC, weight, bias,
-                                         plan.page_ids, plan.cu_seqlens, out, activation=activation, pdl=self.pdl)
+                                         plan.page_ids, plan.cu_seqlens, out, activation=activation, pdl=self.pdl,
+                                  row_shift=plan.row_conv_shift)
 
     def conv_verify(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, dt: Tensor, A: Tensor,
                     weight: Tensor, bias: Tensor | None, activation: str | None, D: Tensor | None,

@@ -280,6 +280,36 @@ def check_row_cursors(row_cursors: Tensor, ring_start: Tensor, num_committed: Te
         )
 
 
+def check_row_shift_shape(row_shift: object, rows: int, device: torch.device) -> None:
+    """``ShapeError`` unless ``row_shift`` is a (rows,) int32 tensor on ``device`` (no sync)."""
+    from ssmstate.errors import ShapeError
+
+    if not (isinstance(row_shift, Tensor) and row_shift.dtype == torch.int32 and tuple(row_shift.shape) == (rows,)
+            and row_shift.device == device):
+        got = (f"{tuple(row_shift.shape)} {row_shift.dtype} on {row_shift.device}"
+               if isinstance(row_shift, Tensor) else type(row_shift).__name__)
+        raise ShapeError(f"row_shift must be a ({rows},) int32 tensor on {device}, got {got}")
+
+
+def check_row_shift(row_shift: Tensor, conv_shift: Tensor, page_ids: Tensor, cu_seqlens: Tensor) -> None:
+    """Raise unless ``row_shift`` (rows,) holds every live row's page ``conv_shift`` (``ShapeError`` for a wrong
+    tensor, ``LifecycleError`` for a stale value; padding and empty rows are not read)."""
+    from ssmstate.errors import LifecycleError
+
+    dev = conv_shift.device
+    check_row_shift_shape(row_shift, page_ids.shape[0], dev)
+    page_ids, cu_seqlens = page_ids.to(dev), cu_seqlens.to(dev)
+    live = (page_ids != 0) & (cu_seqlens[1:] > cu_seqlens[:-1])
+    want = conv_shift[page_ids.long()]
+    stale = live & (row_shift != want)
+    if bool(stale.any()):
+        r = int(stale.nonzero()[0, 0])
+        raise LifecycleError(
+            f"row_shift is stale: row {r} (page {int(page_ids[r])}) holds conv_shift {int(row_shift[r])}, its page "
+            f"{int(want[r])}; it is gathered when the step begins (a cursor moved since, outside reset_cursors)"
+        )
+
+
 def replay_commit(
     ring_start: Tensor,
     num_committed: Tensor,
@@ -448,6 +478,7 @@ def conv_update(
     cu_seqlens: Tensor,
     out: Tensor,
     activation: str | None = "silu",
+    row_shift: Tensor | None = None,
 ) -> Tensor:
     """Causal depthwise conv1d over the window tokens, with the history taken from the page.
 
@@ -463,7 +494,11 @@ def conv_update(
             the current token. bias: (conv_dim,) or None.
         page_ids: (rows,) int32, 0 = padding. cu_seqlens: (rows + 1,) int32.
         out: (tokens, conv_dim), written. activation: "silu" or None.
+        row_shift: (rows,) int32 or None: each row's page's ``conv_shift`` as the step gathered it
+            (``StepPlan.row_conv_shift``); checked to equal the cursor, as the kernels read it instead.
     """
+    if row_shift is not None:
+        check_row_shift(row_shift, conv_shift, page_ids, cu_seqlens)
     width = conv_window.shape[2]
     k = weight.shape[1]
     wf = weight.float()

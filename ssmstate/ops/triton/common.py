@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Any
 
+import attrs
 import torch
 import triton
 import triton.language as tl
@@ -21,6 +23,20 @@ Tensor = torch.Tensor
 
 #: the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` when they were decorated)
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@attrs.frozen
+class KernelLaunch:
+    """One kernel launch as the launch builders return it (``verify_launches``, ``conv_launch``,
+    ``conv_verify_launch``): ``kernel[grid](*args, **kwargs)``."""
+
+    kernel: Any
+    grid: tuple[int, int]
+    args: tuple
+    kwargs: dict[str, Any]
+
+    def run(self) -> None:
+        self.kernel[self.grid](*self.args, **self.kwargs)
 
 
 def compiled(device: torch.device) -> bool:

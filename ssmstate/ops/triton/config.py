@@ -81,6 +81,7 @@ class _Override:
     device: DeviceClass | None
     launch: dict[str, Any]
     fused: dict[str, int] = attrs.field(factory=dict)
+    conv: dict[str, int] = attrs.field(factory=dict)
 
 
 _OVERRIDE: contextvars.ContextVar[_Override | None] = contextvars.ContextVar("ssmstate_launch_override", default=None)
@@ -88,16 +89,17 @@ _OVERRIDE: contextvars.ContextVar[_Override | None] = contextvars.ContextVar("ss
 
 @contextlib.contextmanager
 def override(device: DeviceClass | None = None, fused: dict[str, int] | None = None,
-             **launch: Any) -> Iterator[None]:
+             conv: dict[str, int] | None = None, **launch: Any) -> Iterator[None]:
     """Within the block, verify launches use ``launch`` and/or the launch choice sees ``device``.
 
     ``launch``: ``shape`` (a name in the table: that shape instead of the heuristic's choice) and any of
     :data:`OVERRIDE_KEYS`, which replace the chosen shape's fields. ``device``: the device class the choice and the
     launch arguments assume (e.g. ``DeviceClass(compiled=True, sms=132, gbps_per_sm=25.4)`` to capture an H100's
-    launches on CPU tensors). ``fused``: fields of the fused conv + verify launch (:data:`FUSED_KEYS`).
-    For benchmarks and tests; results agree to fp32/tf32 rounding across launches.
+    launches on CPU tensors). ``fused``: fields of the fused conv + verify launch (:data:`FUSED_KEYS`); ``conv``:
+    of the conv update's (:data:`CONV_KEYS`). For benchmarks and tests; results agree to fp32/tf32 rounding across launches.
     """
     _check_fused_override(fused or {})
+    _check_conv_override(conv or {})
     unknown = set(launch) - {"shape", *OVERRIDE_KEYS}
     if unknown:
         raise ConfigError(f"unknown launch override keys {sorted(unknown)}; known: shape, {', '.join(OVERRIDE_KEYS)}")
@@ -109,7 +111,7 @@ def override(device: DeviceClass | None = None, fused: dict[str, int] | None = N
     for key in ("KSPLIT", "TMA_STORE"):
         if launch.get(key, 0) not in (0, 1):
             raise ConfigError(f"override {key} must be 0 or 1, got {launch[key]!r}")
-    token = _OVERRIDE.set(_Override(device, dict(launch), dict(fused or {})))
+    token = _OVERRIDE.set(_Override(device, dict(launch), dict(fused or {}), dict(conv or {})))
     try:
         yield
     finally:
@@ -371,3 +373,29 @@ def fused_launch(rows: int, H: int, P: int, N: int, G: int, dev: DeviceClass) ->
     if (H // max(G, 1)) % launch.hpp:
         raise ConfigError(f"HPP must divide the {H // max(G, 1)} heads per group, got {launch.hpp}")
     return launch
+
+
+# -- the conv update ------------------------------------------------------------------------
+
+#: the fields ``override(conv=...)`` may set: warps per program, and channels per program (default: a thread's
+#: 16 bytes of channels times the program's threads)
+CONV_KEYS = ("num_warps", "BLOCK_D")
+
+
+def _check_conv_override(fields: dict[str, int]) -> None:
+    unknown = set(fields) - set(CONV_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown conv override keys {sorted(unknown)}; known: {', '.join(CONV_KEYS)}")
+    for key, v in fields.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
+            raise ConfigError(f"conv override {key} must be a power of two, got {v!r}")
+
+
+def conv_block(conv_dim: int, element_size: int) -> tuple[int, int]:
+    """(channels, warps) per program of the conv update: ``launch_table.json``'s ``conv`` warps, each thread holding
+    16 bytes of channels of every column, or an :func:`override`'s fields."""
+    ov = _OVERRIDE.get()
+    fields = ov.conv if ov is not None else {}
+    warps = fields.get("num_warps", table()["conv"]["num_warps"])
+    block = fields.get("BLOCK_D", max(1, 16 // element_size) * 32 * warps)
+    return min(block, pow2(conv_dim)), warps

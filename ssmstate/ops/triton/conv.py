@@ -1,11 +1,15 @@
 """Triton causal conv1d update on the replay conv window, with rollback by ``conv_shift``.
 
 Same contract and signature as :func:`ssmstate.ops.reference.conv_update`.
-One program per (row, block of channels): it loads the ``k - 1`` history
-columns ending ``conv_shift`` columns before the right end of the page's window
-plus the row's ``q`` new columns, writes the ``q`` outputs, then (after a
-barrier, as the window is updated in place) stores the last ``k - 1 + q``
-columns right-aligned. Padding rows (page 0) are skipped.
+One program per (row, block of channels). Its tile is ``(sequence column, channel)``:
+the ``k - 1`` history columns ending ``conv_shift`` columns before the right end of
+the page's window, then the row's ``q`` new tokens. The window is stored channel-
+contiguous (:class:`~ssmstate.layout.PageLayout`), as are the tokens, so every
+column is one run of contiguous channels: each thread loads and stores 16 bytes of
+channels per column, and every product of a tap and a column is a register
+product in that layout (no shuffles, no shared memory). The program writes the ``q``
+outputs, then (after a barrier, as the window is updated in place) stores the last
+``k - 1 + q`` columns right-aligned. Padding rows (page 0) are skipped.
 """
 
 from __future__ import annotations
@@ -15,21 +19,34 @@ import triton
 import triton.language as tl
 
 from ssmstate.errors import ConfigError, ShapeError
-from ssmstate.ops.triton.common import compiled, pdl_wait
+from ssmstate.ops.reference import check_row_shift_shape
+from ssmstate.ops.triton.common import KernelLaunch, compiled, pdl_wait
+from ssmstate.ops.triton.config import conv_block
 
 Tensor = torch.Tensor
 
 
 @triton.jit
+def _seq_tile(wbase, x_ptr, cols, end, lo, q, offs_d, md, s_win_c, s_x_t, s_x_d, KW: tl.constexpr):
+    """Sequence columns ``cols`` (history columns ``end - KW + c`` for ``c < KW``, then the row's tokens; beyond
+    ``KW + q``: 0) of the program's channels, as an fp32 (len(cols), BLOCK_D) tile."""
+    hist = tl.load(wbase + (end - KW + cols)[:, None] * s_win_c, mask=(cols < KW)[:, None] & md[None, :], other=0.0)
+    tok = (lo + tl.maximum(cols - KW, 0)).to(tl.int64)
+    new = tl.load(x_ptr + tok[:, None] * s_x_t + offs_d[None, :].to(tl.int64) * s_x_d,
+                  mask=((cols >= KW) & (cols < KW + q))[:, None] & md[None, :], other=0.0)
+    return hist.to(tl.float32) + new.to(tl.float32)
+
+
+@triton.jit
 def _conv_update_kernel(
-    win_ptr, shift_ptr, x_ptr, w_ptr, b_ptr, out_ptr, page_ptr, cu_ptr,
-    Dc, width,
+    win_ptr, shift_ptr, rshift_ptr, x_ptr, w_ptr, b_ptr, out_ptr, page_ptr, cu_ptr,
+    Dc, width, s_rs,
     s_win_pg, s_win_d, s_win_c,
     s_x_t, s_x_d,
     s_w_d, s_w_k,
     s_o_t, s_o_d,
-    KW: tl.constexpr, TMAX: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, GDC: tl.constexpr,
+    KW: tl.constexpr, TMAX: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, GDC: tl.constexpr, ROW_SHIFT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if GDC:  # a programmatic dependent (pdl=True): everything after the kernel before has ended; only then may the
@@ -40,39 +57,74 @@ def _conv_update_kernel(
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
     if (page != 0) & (q > 0):
-        offs_d = pid * BLOCK_D + tl.arange(0, BLOCK_D).to(tl.int64)
+        offs_d = pid * BLOCK_D + tl.arange(0, BLOCK_D)
         md = offs_d < Dc
-        shift = tl.minimum(tl.maximum(tl.load(shift_ptr + page), 0), TMAX)  # a corrupted cursor stays in the window
-        end = (width - shift).to(tl.int64)
-        # sequence columns l: l < KW are history (window columns end-KW+l), then the q inputs
-        ll = tl.arange(0, BLOCK_L).to(tl.int64)
-        is_hist = ll < KW
-        is_new = (ll >= KW) & (ll < KW + q)
-        wbase = win_ptr + page * s_win_pg + offs_d[:, None] * s_win_d
-        hist = tl.load(wbase + (end - KW + ll)[None, :] * s_win_c, mask=md[:, None] & is_hist[None, :], other=0.0)
-        tok = lo + tl.maximum(ll - KW, 0)  # int64 (ll is)
-        new = tl.load(x_ptr + tok[None, :] * s_x_t + offs_d[:, None] * s_x_d,
-                      mask=md[:, None] & is_new[None, :], other=0.0)
-        seq = hist.to(tl.float32) + new.to(tl.float32)  # (BLOCK_D, BLOCK_L)
-        bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        if ROW_SHIFT:  # gathered per row when the step began: loaded beside the page id, not after it
+            shift = tl.load(rshift_ptr + row * s_rs)
+        else:
+            shift = tl.load(shift_ptr + page)
+        shift = tl.minimum(tl.maximum(shift, 0), TMAX)  # a corrupted cursor stays in the window
+        end = width - shift
+        wbase = win_ptr + page * s_win_pg + offs_d[None, :].to(tl.int64) * s_win_d
+        # y[t] = bias + sum_j w[:, j] * seq[t + j]: per tap, the (token, channel) tile of columns j .. j + BLOCK_T - 1
+        # (re-read from L1), so every product stays in the columns' own register layout
+        tt = tl.arange(0, BLOCK_T)
+        y = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)
         if HAS_BIAS:
-            bias = tl.load(b_ptr + offs_d, mask=md, other=0.0).to(tl.float32)
-        for t in tl.static_range(TMAX):
-            # y_t = sum_j w[:, j] * seq[:, t + j]
-            j = ll - t
-            wt = tl.load(w_ptr + offs_d[:, None] * s_w_d + j[None, :] * s_w_k,
-                         mask=md[:, None] & (j >= 0)[None, :] & (j < KW + 1)[None, :], other=0.0).to(tl.float32)
-            y = tl.sum(seq * wt, axis=1) + bias
-            if SILU:
-                y = y * tl.sigmoid(y)
-            # the row test as a vector, not a scalar ANDed onto one: Triton 3.9's interpreter rejects that mask
-            live = md & ((tl.zeros_like(offs_d) + t) < q)
-            tl.store(out_ptr + (lo + t).to(tl.int64) * s_o_t + offs_d * s_o_d, y.to(out_ptr.dtype.element_ty), mask=live)
+            y += tl.load(b_ptr + offs_d, mask=md, other=0.0).to(tl.float32)[None, :]
+        for j in tl.static_range(KW + 1):
+            tap = tl.load(w_ptr + offs_d * s_w_d + j * s_w_k, mask=md, other=0.0).to(tl.float32)
+            y += tap[None, :] * _seq_tile(wbase, x_ptr, j + tt, end, lo, q, offs_d, md, s_win_c, s_x_t, s_x_d, KW)
+        if SILU:
+            y = y * tl.sigmoid(y)
+        tl.store(out_ptr + (lo + tt).to(tl.int64)[:, None] * s_o_t + offs_d[None, :].to(tl.int64) * s_o_d,
+                 y.to(out_ptr.dtype.element_ty), mask=(tt < q)[:, None] & md[None, :])
         # new window: the last KW + q sequence columns, right-aligned
+        ll = tl.arange(0, BLOCK_L)
+        seq = _seq_tile(wbase, x_ptr, ll, end, lo, q, offs_d, md, s_win_c, s_x_t, s_x_d, KW)
         dst = width - (KW + q) + ll
         keep = (ll < KW + q) & (dst >= 0)
         tl.debug_barrier()
-        tl.store(wbase + dst[None, :] * s_win_c, seq.to(win_ptr.dtype.element_ty), mask=md[:, None] & keep[None, :])
+        tl.store(wbase + dst[:, None] * s_win_c, seq.to(win_ptr.dtype.element_ty), mask=keep[:, None] & md[None, :])
+
+
+def conv_launch(
+    conv_window: Tensor,
+    conv_shift: Tensor,
+    xBC: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    page_ids: Tensor,
+    cu_seqlens: Tensor,
+    out: Tensor,
+    activation: str | None = "silu",
+    pdl: bool = False,
+    row_shift: Tensor | None = None,
+) -> KernelLaunch:
+    """The launch :func:`conv_update` makes for these arguments, without running it (what
+    ``tools/kernel_resources.py`` compiles for a GPU on a machine without one)."""
+    pages, Dc, width = conv_window.shape
+    k = weight.shape[1]
+    KW = k - 1
+    TMAX = width - KW
+    if TMAX < 1:
+        raise ShapeError(f"conv window width {width} leaves no room for a token with kernel {k}")
+    if not isinstance(pdl, bool):
+        raise ConfigError(f"pdl must be a bool, got {pdl!r}")
+    if row_shift is not None:
+        check_row_shift_shape(row_shift, page_ids.shape[0], out.device)
+    gdc = pdl and compiled(out.device)
+    BLOCK_D, warps = conv_block(Dc, conv_window.element_size())
+    grid = (triton.cdiv(Dc, BLOCK_D), page_ids.shape[0])
+    args = (conv_window, conv_shift, conv_shift if row_shift is None else row_shift, xBC, weight,
+            bias if bias is not None else weight, out, page_ids, cu_seqlens,
+            Dc, width, 0 if row_shift is None else row_shift.stride(0),
+            *conv_window.stride(), *xBC.stride(), *weight.stride(), *out.stride())
+    kwargs = dict(KW=KW, TMAX=TMAX, BLOCK_D=BLOCK_D, BLOCK_L=triton.next_power_of_2(width),
+                  BLOCK_T=triton.next_power_of_2(TMAX), HAS_BIAS=bias is not None, SILU=activation == "silu", GDC=gdc,
+                  ROW_SHIFT=row_shift is not None,
+                  num_warps=warps, **({"launch_pdl": True} if gdc else {}))
+    return KernelLaunch(_conv_update_kernel, grid, args, kwargs)
 
 
 def conv_update(
@@ -85,48 +137,33 @@ def conv_update(
     cu_seqlens: Tensor,
     out: Tensor,
     activation: str | None = "silu",
-    block_d: int = 256,
     pdl: bool = False,
+    row_shift: Tensor | None = None,
 ) -> Tensor:
     """Causal depthwise conv1d of the window tokens (see :func:`reference.conv_update`).
 
-    No allocation, no host synchronization (CUDA-graph safe).
+    No allocation, no host synchronization (CUDA-graph safe). Any strides are served; the speed assumes the
+    layout's channel-contiguous window and tokens.
 
     Args:
-        conv_window: (pages, conv_dim, width) conv dtype, updated in place; ``width - (k - 1)``
+        conv_window: (pages, conv_dim, width) conv dtype, owned by the cache, updated in place; ``width - (k - 1)``
             is the longest row it accepts (T on the replay layout).
-        conv_shift: (pages,) int32 cursor, read only (clamped to ``[0, width - (k - 1)]``, as the reference).
-        xBC: (tokens, conv_dim) float. weight: (conv_dim, k) float; the last column
-            multiplies the current token. bias: (conv_dim,) or None.
-        page_ids: (rows,) int32, 0 = padding. cu_seqlens: (rows + 1,) int32.
-        out: (tokens, conv_dim), written for every non-padding token.
-        activation: "silu" or None. block_d: channels per program.
+        conv_shift: (pages,) int32 cursor, owned by the cache, read only (clamped to ``[0, width - (k - 1)]``, as
+            the reference).
+        xBC: (tokens, conv_dim) float, the caller's step inputs. weight: (conv_dim, k) float, the model's; the last
+            column multiplies the current token. bias: (conv_dim,) or None.
+        page_ids: (rows,) int32, 0 = padding. cu_seqlens: (rows + 1,) int32; the step plan's.
+        out: (tokens, conv_dim), the caller's, written for every non-padding token.
+        activation: "silu" or None.
         pdl: launch as a programmatic dependent of the kernel before (GPU only; ignored in the interpreter):
             each program waits for it to end, then lets the next kernel launch, so that kernel (the layer's
             :func:`~ssmstate.ops.triton.verify.replay_verify` with ``pdl=True``) starts its own reads while
             this one runs. Only the launch overlaps the kernel before.
+        row_shift: (rows,) int32 or None, the step plan's (``StepPlan.row_conv_shift``): each row's page's
+            ``conv_shift``, equal to the cursor (the reference checks it), read beside the page id.
     Returns:
         ``out``.
     """
-    pages, Dc, width = conv_window.shape
-    k = weight.shape[1]
-    KW = k - 1
-    TMAX = width - KW
-    if TMAX < 1:
-        raise ShapeError(f"conv window width {width} leaves no room for a token with kernel {k}")
-    if not isinstance(pdl, bool):
-        raise ConfigError(f"pdl must be a bool, got {pdl!r}")
-    gdc = pdl and compiled(out.device)
-    rows = page_ids.shape[0]
-    BLOCK_L = triton.next_power_of_2(width)
-    BLOCK_D = min(block_d, triton.next_power_of_2(Dc))
-    grid = (triton.cdiv(Dc, BLOCK_D), rows)
-    _conv_update_kernel[grid](
-        conv_window, conv_shift, xBC, weight, bias if bias is not None else weight, out, page_ids, cu_seqlens,
-        Dc, width,
-        *conv_window.stride(), *xBC.stride(), *weight.stride(), *out.stride(),
-        KW=KW, TMAX=TMAX, BLOCK_D=BLOCK_D, BLOCK_L=BLOCK_L,
-        HAS_BIAS=bias is not None, SILU=activation == "silu", GDC=gdc, num_warps=4,
-        **({"launch_pdl": True} if gdc else {}),
-    )
+    conv_launch(conv_window, conv_shift, xBC, weight, bias, page_ids, cu_seqlens, out, activation, pdl,
+                row_shift).run()
     return out

@@ -14,10 +14,9 @@ import triton
 
 from ssmstate.errors import ConfigError, ShapeError
 from ssmstate.ops.reference import check_row_cursors_shape
-from ssmstate.ops.triton.common import INTERPRETED, dot_precisions, outer_strides, pow2
+from ssmstate.ops.triton.common import INTERPRETED, KernelLaunch, dot_precisions, outer_strides, pow2
 from ssmstate.ops.triton.config import device_class, fused_launch
 from ssmstate.ops.triton.conv_verify_kernel import conv_verify_kernel
-from ssmstate.ops.triton.verify import KernelLaunch
 
 Tensor = torch.Tensor
 

@@ -10,8 +10,6 @@ the manager's inputs are).
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 import torch
 from triton.runtime.errors import OutOfResources
@@ -19,7 +17,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ssmstate.errors import ConfigError, ShapeError
 from ssmstate.ops.reference import check_row_cursors_shape
-from ssmstate.ops.triton.common import INTERPRETED, dot_precisions, outer_strides, pow2
+from ssmstate.ops.triton.common import INTERPRETED, KernelLaunch, dot_precisions, outer_strides, pow2
 from ssmstate.ops.triton.config import (
     DeviceClass, Launch, check_launch, choose_launch, device_class, pdl_tile, tma_block_p,
 )
@@ -31,19 +29,6 @@ Tensor = torch.Tensor
 
 #: the longest window (tokens per row) the kernels' sequence tiles take
 MAX_T = 16
-
-
-@attrs.frozen
-class KernelLaunch:
-    """One kernel launch as :func:`verify_launches` builds it: ``kernel[grid](*args, **kwargs)``."""
-
-    kernel: Any
-    grid: tuple[int, int]
-    args: tuple
-    kwargs: dict[str, Any]
-
-    def run(self) -> None:
-        self.kernel[self.grid](*self.args, **self.kwargs)
 
 
 def replay_verify(
