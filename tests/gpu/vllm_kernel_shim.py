@@ -47,7 +47,11 @@ class _Platform:
 
     @staticmethod
     def is_arch_support_pdl() -> bool:
-        return False
+        # vLLM's CUDA platform's rule (compute capability 9 and up): its conv update then launches with PDL, as in
+        # a real engine on a Hopper GPU
+        if not torch.cuda.is_available():
+            return False
+        return torch.cuda.get_device_capability()[0] >= 9
 
 
 def _module(name: str, **attrs) -> types.ModuleType:
