@@ -1,4 +1,4 @@
-"""Compile the Triton verify kernel for sm_90a on a machine without a GPU and report its resources.
+"""Compile the Triton verify, conv and fused kernels for sm_90a on a machine without a GPU and report their resources.
 
 For each launch config: registers, spills, shared memory, and SASS counts (instructions, CTA
 barriers, global loads/stores, tensor-core ops), read from the same build the H200 would run
@@ -15,7 +15,7 @@ through Triton's own argument binder so the specialization
 bytes), the operands that stay in shared memory next to the checkpoint tile.
 
 Run: ``python tools/kernel_resources.py --batch 256 --T 4 --W 16 [--config '{"shape": "pipelined"}'] [--pdl]
-[--allocs] [--fused]`` (a config: launch override keys, or with ``--fused`` the fused kernel's ``BLOCK_P``,
+[--allocs] [--fused] [--conv]`` (a config: launch override keys, or with ``--fused`` the fused kernel's ``BLOCK_P``,
 ``FOLD_N``, ``num_warps``, ``maxnreg``, ``HPP``; see :func:`ssmstate.ops.triton.override`); the launch passes row cursors
 as the manager does (``StepPlan.row_cursors``) unless a config says ``"ROW_CURSORS": 0``.
 """
@@ -105,6 +105,23 @@ def capture_fused(batch: int, T: int, W: int, config: dict | None, pdl: bool = F
     return [(k.kernel.fn.__name__, k.kernel, (k.grid, k.args, k.kwargs))]
 
 
+def capture_conv(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, sms: int = SMS,
+                 gbps_per_sm: float = GBPS_PER_SM, state_dtype: str = "float32"):
+    """(name, kernel, (grid, args, kwargs)) of the conv update's launch (``conv_update`` on the layout's
+    channel-contiguous bf16 window, the step's gathered row shifts) for this batch (``config``: its
+    ``override(conv=...)`` fields)."""
+    L, bf, Dc, k = batch * T, torch.bfloat16, H * P + 2 * G * N, 4
+    e = torch.empty
+    gpu = ops.DeviceClass(compiled=True, sms=sms, gbps_per_sm=gbps_per_sm)
+    win = e(batch + 1, k - 1 + T, Dc, dtype=bf).transpose(1, 2)
+    with ops.override(device=gpu, conv=config or {}):
+        launch = ops.conv.conv_launch(win, torch.zeros(batch + 1, dtype=torch.int32), e(L, Dc, dtype=bf), e(Dc, k),
+                                      e(Dc), torch.arange(1, batch + 1, dtype=torch.int32),
+                                      torch.arange(0, L + 1, T, dtype=torch.int32), e(L, Dc, dtype=bf), pdl=pdl,
+                                      row_shift=torch.zeros(batch, 4, dtype=torch.int32)[:, 3])
+    return [(launch.kernel.fn.__name__, launch.kernel, (launch.grid, launch.args, launch.kwargs))]
+
+
 def compile_launch(fn, args, kwargs):
     """Compile through Triton's binder for sm_90a; returns the CompiledKernel."""
     backend = make_backend(TARGET)
@@ -178,10 +195,12 @@ def shared_allocs(ttgir: str) -> list[dict]:
 
 
 def report(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, allocs: bool = False,
-           fused: bool = False) -> list[dict]:
-    """One row per kernel the launch runs (``fused``: the fused conv + verify kernel's)."""
+           fused: bool = False, conv: bool = False) -> list[dict]:
+    """One row per kernel the launch runs (``fused``: the fused conv + verify kernel's; ``conv``: the conv
+    update's)."""
     rows = []
-    for name, fn, (grid, args, kwargs) in (capture_fused if fused else capture)(batch, T, W, config, pdl):
+    cap = capture_fused if fused else capture_conv if conv else capture
+    for name, fn, (grid, args, kwargs) in cap(batch, T, W, config, pdl):
         k = compile_launch(fn, args, kwargs)
         md = k.metadata
         row = {
@@ -207,12 +226,14 @@ def main() -> None:
     ap.add_argument("--allocs", action="store_true", help="list the build's shared-memory buffers (TTGIR)")
     ap.add_argument("--fused", action="store_true",
                     help="the fused conv + verify kernel (configs: override(fused=...) fields, e.g. BLOCK_P)")
+    ap.add_argument("--conv", action="store_true",
+                    help="the conv update (configs: override(conv=...) fields, e.g. num_warps)")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     a = ap.parse_args()
     configs = [json.loads(c) for c in a.config] or [None]
     rows = []
     for cfg in configs:
-        for row in report(a.batch, a.T, a.W, cfg, a.pdl, a.allocs, a.fused):
+        for row in report(a.batch, a.T, a.W, cfg, a.pdl, a.allocs, a.fused, a.conv):
             rows.append(row)
             print(json.dumps(row), flush=True)
     if a.out:
