@@ -17,7 +17,8 @@ bytes), the operands that stay in shared memory next to the checkpoint tile.
 Run: ``python tools/kernel_resources.py --batch 256 --T 4 --W 16 [--config '{"shape": "pipelined"}'] [--pdl]
 [--allocs] [--fused] [--conv]`` (a config: launch override keys, or with ``--fused`` the fused kernel's ``BLOCK_P``,
 ``FOLD_N``, ``num_warps``, ``maxnreg``, ``HPP``, with ``--conv`` the conv update's ``num_warps``, ``BLOCK_D``; see
-:func:`ssmstate.ops.triton.override`); the launch passes row cursors as the manager does (``StepPlan.row_cursors``) unless a config says ``"ROW_CURSORS": 0``.
+:func:`ssmstate.ops.triton.override`); the launch passes row cursors as the manager does (``StepPlan.row_cursors``)
+unless a config says ``"ROW_CURSORS": 0``.
 """
 
 from __future__ import annotations
