@@ -131,6 +131,12 @@ class TensorSpec:
         return all(n == 1 or s == want for n, s, want in zip(t.shape[1:], t.stride()[1:], self.page_strides))
 
 
+def conv_spec(conv_dim: int, width: int, dtype: torch.dtype) -> TensorSpec:
+    """The conv window ``(conv_dim, width)``, stored channels innermost: every column's channels are
+    contiguous (the order vLLM keeps its conv state in), so a conv update reads and writes whole columns."""
+    return TensorSpec("conv", (conv_dim, width), dtype, stored=(1, 0))
+
+
 @attrs.frozen
 class PageLayout:
     """What one page holds, per Mamba layer, for one scheme.
@@ -188,8 +194,7 @@ class PageLayout:
         g, s = self.geometry, self.spec
         H, P, N, G = g.heads_per_rank, g.head_dim, g.state_size, g.groups_per_rank
         state = TensorSpec("checkpoint" if self.scheme == "replay" else "state", (H, P, N), g.state_dtype)
-        # channels innermost: every column contiguous, the order vLLM keeps its conv state in
-        conv = TensorSpec("conv", (g.conv_dim_per_rank, self.conv_width), g.conv_state_dtype, stored=(1, 0))
+        conv = conv_spec(g.conv_dim_per_rank, self.conv_width, g.conv_state_dtype)
         if self.scheme == "native":
             return (state, conv)
         R = s.ring_len
