@@ -321,6 +321,7 @@ def test_rollback_without_verify_and_preempt_resume_exact(mgr):
     before = [t[page_b].clone() for layer in m.cache.layers for t in layer.values()]
     saved = m.preempt("b")
     assert m.pool.num_free == 2
+    assert all(spec.is_laid_out(layer[spec.name]) for layer in saved.tensors for spec in m.layout.tensors)
     m.admit("c")
     page = m.resume("b", saved)
     after = [t[page].clone() for layer in m.cache.layers for t in layer.values()]
