@@ -48,6 +48,7 @@ import torch  # noqa: E402
 import bench_verify as bv  # noqa: E402
 from progress import progress  # noqa: E402  (benchmarks/progress.py)
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig  # noqa: E402
+from ssmstate.layout import conv_spec  # noqa: E402
 
 KW = 3  # conv kernel 4: 3 history columns
 
@@ -60,7 +61,7 @@ def conv_buffers(pages: int, tokens: int, T: int):
     """Our conv's operands for a layer over ``pages`` pages and up to ``tokens`` window tokens (random, bf16
     activations): ``(conv_window, conv_shift, xBC, weight, bias, conv_out)``."""
     Dc = bv.H * bv.P + 2 * bv.G * bv.N
-    conv_win = torch.randn(pages, Dc, KW + T, device=bv.DEV, dtype=torch.bfloat16)
+    conv_win = conv_spec(Dc, KW + T, torch.bfloat16).zeros(pages, bv.DEV).normal_()  # the served order
     conv_shift = torch.zeros(pages, dtype=torch.int32, device=bv.DEV)
     xBC = torch.randn(tokens, Dc, device=bv.DEV, dtype=torch.bfloat16)
     cw = torch.randn(Dc, KW + 1, device=bv.DEV) * 0.3

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from ssmstate.layout import CURSORS_PER_PAGE, SCALE_NAME, PageLayout
+from ssmstate.errors import ShapeError
+from ssmstate.layout import CURSORS_PER_PAGE, SCALE_NAME, PageLayout, TensorSpec
 
 
 class StateCache:
     """Allocates, for ``num_pages`` pages, every layer's tensors plus one set of cursors.
 
     ``layers[l][name]`` is a ``(num_pages, *spec.shape)`` tensor for each
-    :class:`~ssmstate.layout.TensorSpec` of the layout. Cursors are one
+    :class:`~ssmstate.layout.TensorSpec` of the layout, each page dense in the
+    spec's memory order (:meth:`TensorSpec.zeros`). Cursors are one
     ``(4, num_pages)`` int32 tensor shared by every layer, with named row views:
 
     * replay: ``ring_start``, ``num_committed``, ``pending``, ``conv_shift``;
@@ -30,7 +34,7 @@ class StateCache:
         self.num_pages = num_pages
         self.device = torch.device(device)
         self.layers: list[dict[str, torch.Tensor]] = [
-            {t.name: torch.zeros((num_pages, *t.shape), dtype=t.dtype, device=self.device) for t in layout.tensors}
+            {t.name: t.zeros(num_pages, self.device) for t in layout.tensors}
             for _ in range(layout.geometry.num_layers)
         ]
         for layer in self.layers:
@@ -45,13 +49,13 @@ class StateCache:
         """A cache over tensors someone else allocated (an engine's KV-cache pages).
 
         ``layers[l][name]`` must be ``(num_pages, *spec.shape)`` with the spec's
-        dtype for every :class:`~ssmstate.layout.TensorSpec` of ``layout``; the
-        page dimension may be strided (engine pages hold several tensors back to
-        back). ``cursors`` is ``(4, num_pages)`` int32 on the same device. Nothing
+        dtype for every :class:`~ssmstate.layout.TensorSpec` of ``layout``, each
+        page dense in the spec's memory order (``spec.page_strides``, as
+        :meth:`TensorSpec.view` slices them); the page dimension may be strided
+        (engine pages hold several tensors back to back), but pages may not
+        overlap. ``cursors`` is ``(4, num_pages)`` int32 on the same device. Nothing
         is allocated or zeroed; the engine owns which pages are in use.
         """
-        from ssmstate.errors import ShapeError
-
         if len(layers) != layout.geometry.num_layers:
             raise ShapeError(f"got {len(layers)} layers, the layout has {layout.geometry.num_layers}")
         if not isinstance(cursors, torch.Tensor) or cursors.dtype != torch.int32 or cursors.dim() != 2 \
@@ -68,6 +72,7 @@ class StateCache:
                         f"layer {i} {spec.name}: got {tuple(t.shape)} {t.dtype} on {t.device}, expected "
                         f"{(num_pages, *spec.shape)} {spec.dtype} on {device}"
                     )
+                _check_strides(i, spec, t)
         self = cls.__new__(cls)
         self.layout, self.num_pages, self.device = layout, num_pages, device
         self.layers = [{spec.name: layer[spec.name] for spec in layout.tensors} for layer in layers]
@@ -117,3 +122,14 @@ class StateCache:
                 else:  # through a byte view for 1-byte dtypes (no index_fill for fp8 on CPU); all-zero bits = 0
                     (t.view(torch.uint8) if t.element_size() == 1 else t).index_fill_(0, idx, 0)
         self.cursors.index_fill_(1, idx, 0)
+
+
+def _check_strides(layer: int, spec: TensorSpec, t: torch.Tensor) -> None:
+    """``ShapeError`` unless every page of ``t`` is dense in ``spec``'s order and pages do not overlap: the
+    kernels take the strides, but the layout (and vLLM's prefill view of the conv window) fixes them."""
+    page = math.prod(spec.shape)
+    if not spec.is_laid_out(t) or (t.shape[0] > 1 and t.stride(0) < page):
+        raise ShapeError(
+            f"layer {layer} {spec.name}: got strides {tuple(t.stride())}, expected {spec.page_strides} after the "
+            f"page stride (each page dense, dims stored in the order {spec.stored}) and a page stride >= {page}"
+        )

@@ -42,7 +42,7 @@ class LifecycleError(SSMStateError):
 
 
 class ShapeError(SSMStateError, ValueError):
-    """A tensor argument with the wrong shape, dtype or device."""
+    """A tensor argument with the wrong shape, dtype, device or memory layout (strides)."""
 
 
 class BackendUnavailableError(SSMStateError):

@@ -68,17 +68,73 @@ class SpecConfig:
         return self.window + self.num_tokens
 
 
+def _check_stored(spec: "TensorSpec", attribute: attrs.Attribute, value: tuple[int, ...]) -> None:
+    if sorted(value) != list(range(len(spec.shape))):
+        raise ConfigError(f"{spec.name}: stored must be a permutation of its {len(spec.shape)} dims, got {value!r}")
+
+
 @attrs.frozen
 class TensorSpec:
-    """One per-layer cache tensor: its per-page shape and dtype."""
+    """One per-layer cache tensor: its per-page shape, dtype and memory order.
+
+    ``shape`` is the logical shape every API and kernel indexes. ``stored`` lists the per-page dims in
+    memory order, outermost first (default: row-major). A page is dense: ``stored = (1, 0)`` on a
+    ``(D, W)`` spec keeps the page as ``(W, D)`` in memory, so ``t[page, :, col]`` is contiguous, and the
+    tensor is that storage transposed. Allocate and slice only through :meth:`zeros`, :meth:`view` and
+    :meth:`stored_view`, so the order lives here.
+    """
 
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
+    stored: tuple[int, ...] = attrs.field(converter=tuple, validator=_check_stored)
+
+    @stored.default
+    def _row_major(self) -> tuple[int, ...]:
+        return tuple(range(len(self.shape)))
 
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * dtype_size(self.dtype)
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        """The per-page shape in memory order."""
+        return tuple(self.shape[d] for d in self.stored)
+
+    @property
+    def page_strides(self) -> tuple[int, ...]:
+        """Element strides of the per-page dims (logical order) of a dense page in this order."""
+        strides, step = [0] * len(self.shape), 1
+        for d in reversed(self.stored):
+            strides[d], step = step, step * self.shape[d]
+        return tuple(strides)
+
+    def stored_view(self, t: torch.Tensor) -> torch.Tensor:
+        """``(pages, *shape)`` -> ``(pages, *stored_shape)``, a view (dense per page when ``t`` is laid out)."""
+        return t.permute(0, *(1 + d for d in self.stored))
+
+    def from_stored(self, t: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`stored_view`: a ``(pages, *stored_shape)`` tensor as ``(pages, *shape)``."""
+        return t.permute(0, *(1 + self.stored.index(d) for d in range(len(self.shape))))
+
+    def zeros(self, num_pages: int, device: torch.device | str) -> torch.Tensor:
+        """A zeroed ``(num_pages, *shape)`` tensor, each page dense in this order."""
+        return self.from_stored(torch.zeros((num_pages, *self.stored_shape), dtype=self.dtype, device=device))
+
+    def view(self, raw: torch.Tensor) -> torch.Tensor:
+        """``raw`` ``(pages, nbytes)`` 1-byte pages (any page stride, unit byte stride) as ``(pages, *shape)``."""
+        return self.from_stored(raw.view(self.dtype).view(-1, *self.stored_shape))
+
+    def is_laid_out(self, t: torch.Tensor) -> bool:
+        """Whether each page of ``t`` ``(pages, *shape)`` is dense in this order (size-1 dims' strides free)."""
+        return all(n == 1 or s == want for n, s, want in zip(t.shape[1:], t.stride()[1:], self.page_strides))
+
+
+def conv_spec(conv_dim: int, width: int, dtype: torch.dtype) -> TensorSpec:
+    """The conv window ``(conv_dim, width)``, stored channels innermost: every column's channels are
+    contiguous (the order vLLM keeps its conv state in), so a conv update reads and writes whole columns."""
+    return TensorSpec("conv", (conv_dim, width), dtype, stored=(1, 0))
 
 
 @attrs.frozen
@@ -138,7 +194,7 @@ class PageLayout:
         g, s = self.geometry, self.spec
         H, P, N, G = g.heads_per_rank, g.head_dim, g.state_size, g.groups_per_rank
         state = TensorSpec("checkpoint" if self.scheme == "replay" else "state", (H, P, N), g.state_dtype)
-        conv = TensorSpec("conv", (g.conv_dim_per_rank, self.conv_width), g.conv_state_dtype)
+        conv = conv_spec(g.conv_dim_per_rank, self.conv_width, g.conv_state_dtype)
         if self.scheme == "native":
             return (state, conv)
         R = s.ring_len
@@ -205,7 +261,8 @@ class PageLayout:
             "window": self.spec.window,
             "ring_len": self.spec.ring_len if self.scheme == "replay" else None,
             "tensors": [
-                {"name": t.name, "shape": list(t.shape), "dtype": dtype_name(t.dtype), "bytes": t.nbytes}
+                {"name": t.name, "shape": list(t.shape), "stored": list(t.stored), "dtype": dtype_name(t.dtype),
+                 "bytes": t.nbytes}
                 for t in self.tensors
             ],
             "layer_page_bytes": self.layer_page_bytes,

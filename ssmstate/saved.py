@@ -9,7 +9,7 @@ import attrs
 import torch
 
 from ssmstate.errors import ShapeError, SSMStateError
-from ssmstate.layout import CURSORS_PER_PAGE, PageLayout
+from ssmstate.layout import CURSORS_PER_PAGE, PageLayout, TensorSpec
 
 if TYPE_CHECKING:
     from ssmstate.cache import StateCache
@@ -44,11 +44,16 @@ def _bytes(t: Tensor) -> Tensor:
     return t.view(torch.uint8) if t.element_size() == 1 and t.dtype != torch.uint8 else t
 
 
+def _host_pages(spec: TensorSpec, t: Tensor, idx: Tensor) -> Tensor:
+    """Pages ``idx`` of ``t`` copied to the host, each page dense in ``spec``'s memory order."""
+    return spec.from_stored(_bytes(spec.stored_view(t)).index_select(0, idx).cpu().view(t.dtype))
+
+
 def save_pages(cache: "StateCache", pages: list[int], layout: PageLayout) -> SavedState:
     """Copy every layer's tensors (an 8-bit checkpoint's codes and scales included) and the cursors of
-    ``pages`` to the host, byte for byte."""
+    ``pages`` to the host, byte for byte (each page dense in its spec's memory order, like the cache)."""
     idx = torch.tensor(pages, dtype=torch.long, device=cache.device)
-    tensors = tuple({name: _bytes(t).index_select(0, idx).cpu().view(t.dtype) for name, t in layer.items()}
+    tensors = tuple({spec.name: _host_pages(spec, layer[spec.name], idx) for spec in cache.layout.tensors}
                     for layer in cache.layers)
     return SavedState(layout, tensors, cache.cursors.index_select(1, idx).cpu())
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ssmstate.layout import conv_spec
 from tests.test_triton_common import POISON, make_case, rel
 
 
@@ -32,7 +33,7 @@ def make_conv_case(gen: torch.Generator, device: str | torch.device, *, H: int, 
         case["qs"] = [0] + case["qs"][1:]
     Dc, width = H * P + 2 * G * N, k - 1 + T
     L = case["x"].shape[0]
-    win = torch.randn(pages, Dc, width, generator=gen).to(act_dtype)
+    win = conv_spec(Dc, width, act_dtype).zeros(pages, "cpu").copy_(torch.randn(pages, Dc, width, generator=gen))
     win[0] = 0
     if shift is None:
         sh = torch.randint(0, T + 1, (pages,), generator=gen, dtype=torch.int32)

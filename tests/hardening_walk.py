@@ -68,14 +68,18 @@ def full_snapshot(m: StateManager) -> list[Any]:
     return snap
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A float tensor's bytes (NaN payloads compared too), whatever its memory order."""
+    return t.contiguous().view(torch.uint8) if t.is_floating_point() else t
+
+
 def same_snapshot(a: list[Any], b: list[Any]) -> bool:
     if len(a) != len(b):
         return False
     for x, y in zip(a, b):
         if isinstance(x, torch.Tensor):
             if not (x.dtype == y.dtype and x.shape == y.shape
-                    and torch.equal(x.view(torch.uint8) if x.is_floating_point() else x,
-                                    y.view(torch.uint8) if y.is_floating_point() else y)):
+                    and torch.equal(_bits(x), _bits(y))):
                 return False
         elif isinstance(x, tuple):
             if not same_snapshot(list(x), list(y)):

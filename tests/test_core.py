@@ -114,9 +114,69 @@ def test_layout_bytes_equal_allocated_bytes(scheme, state_dtype):
     for layer in cache.layers:
         for spec in layout.tensors:
             t = layer[spec.name]
-            assert t.shape == (7, *spec.shape) and t.dtype == spec.dtype
+            assert t.shape == (7, *spec.shape) and t.dtype == spec.dtype and spec.is_laid_out(t)
             assert t.numel() * t.element_size() == 7 * spec.nbytes
     assert layout.max_requests(layout.pool_bytes(7)) == 6 // layout.pages_per_request
+    # the conv window is stored channels innermost: every page's column is contiguous
+    Dc, width = g.conv_dim_per_rank, layout.conv_width
+    conv = cache.layers[0]["conv"]
+    assert conv.stride() == (width * Dc, 1, Dc) and conv[3, :, 2].is_contiguous()
+    assert [t["stored"] for t in layout.describe()["tensors"]][-1] == [1, 0]
+
+
+def _views(layout: PageLayout, pages: int, page_bytes: int) -> list[dict[str, torch.Tensor]]:
+    """Every layer's tensors carved out of raw byte pages the way an engine's pages are (TensorSpec.view)."""
+    views = []
+    for _ in range(layout.geometry.num_layers):
+        raw, off, layer = torch.zeros((pages, page_bytes), dtype=torch.int8), 0, {}
+        for spec in layout.tensors:
+            layer[spec.name] = spec.view(raw[:, off: off + spec.nbytes])
+            off += spec.nbytes
+        views.append(layer)
+    return views
+
+
+@pytest.mark.parametrize("scheme", ["replay", "native"])
+def test_from_tensors_requires_the_layout_strides(scheme):
+    g = Mamba2Geometry(4, 8, 16, 1, 4, 2, act_dtype="bf16", state_dtype="fp32")
+    layout = getattr(PageLayout, scheme)(g, SpecConfig(2, window=4))
+    pages, cursors = 5, torch.zeros((4, 5), dtype=torch.int32)
+    views = _views(layout, pages, layout.layer_page_bytes + 64)
+    cache = StateCache.from_tensors(layout, views, cursors)  # engine pages, padded: accepted
+    assert cache.layers[1]["conv"] is views[1]["conv"]
+    Dc, width = g.conv_dim_per_rank, layout.conv_width
+    row_major = torch.zeros((pages, Dc, width), dtype=g.conv_state_dtype)  # the right shape, the wrong order
+    overlapping = views[1]["conv"].as_strided(views[1]["conv"].shape, (Dc, 1, Dc))  # pages share bytes
+    for bad, got in ((row_major, (Dc * width, width, 1)), (overlapping, (Dc, 1, Dc))):
+        layers = [dict(layer) for layer in views]
+        layers[1]["conv"] = bad
+        before = [t.clone() for layer in views for t in layer.values()]
+        with pytest.raises(ShapeError) as exc:
+            StateCache.from_tensors(layout, layers, cursors)
+        msg = str(exc.value)
+        assert "layer 1 conv" in msg and f"got strides {got}" in msg and f"expected {(1, Dc)}" in msg, msg
+        assert all(torch.equal(a, b) for a, b in zip(before, (t for layer in views for t in layer.values())))
+
+
+def test_tensor_spec_order():
+    from ssmstate.layout import TensorSpec, conv_spec
+
+    spec = conv_spec(6, 5, torch.bfloat16)
+    assert spec.stored_shape == (5, 6) and spec.page_strides == (1, 6)
+    assert TensorSpec("a", (2, 3, 4), torch.float32).page_strides == (12, 4, 1)
+    t = spec.zeros(3, "cpu")
+    assert t.shape == (3, 6, 5) and t.stride() == (30, 1, 6) and spec.stored_view(t).is_contiguous()
+    assert spec.from_stored(spec.stored_view(t)).stride() == t.stride()
+    raw = torch.arange(3 * 80, dtype=torch.int16).view(torch.int8).view(3, 160)[:, 20: 20 + spec.nbytes]
+    v = spec.view(raw)
+    assert v.stride() == (80, 1, 6) and v.data_ptr() == raw.data_ptr()
+    # a dim of size 1 may have any stride (torch calls such a tensor contiguous whatever it is)
+    one = TensorSpec("B_ring", (1, 3, 4), torch.float32)
+    assert one.is_laid_out(torch.zeros(24).as_strided((2, 1, 3, 4), (12, 999, 4, 1)))
+    assert not one.is_laid_out(torch.zeros(2, 1, 4, 3).transpose(2, 3))
+    assert not spec.is_laid_out(torch.zeros(3, 6, 5))  # row-major: not the conv window's order
+    with pytest.raises(ConfigError, match="permutation"):
+        TensorSpec("a", (2, 3), torch.float32, stored=(0, 0))
 
 
 # -- pool -------------------------------------------------------------------------
@@ -261,6 +321,7 @@ def test_rollback_without_verify_and_preempt_resume_exact(mgr):
     before = [t[page_b].clone() for layer in m.cache.layers for t in layer.values()]
     saved = m.preempt("b")
     assert m.pool.num_free == 2
+    assert all(spec.is_laid_out(layer[spec.name]) for layer in saved.tensors for spec in m.layout.tensors)
     m.admit("c")
     page = m.resume("b", saved)
     after = [t[page].clone() for layer in m.cache.layers for t in layer.values()]

@@ -30,6 +30,7 @@ from ssmstate import BackendUnavailableError, Mamba2Geometry, PageLayout, SpecCo
 from ssmstate.backends import flashinfer as fb  # noqa: E402
 from ssmstate.backends.flashinfer_conv import VLLM_CONV, import_vllm_conv  # noqa: E402
 from ssmstate.cache import StateCache  # noqa: E402
+from ssmstate.layout import conv_spec  # noqa: E402
 from tests.conv_lockstep import conv_lockstep  # noqa: E402
 from tests.gpu import copy_vllm_kernels, vllm_kernel_shim  # noqa: E402
 from tests.test_flashinfer_adapter import FakeMamba, _fake_flashinfer, nemotron_layout  # noqa: E402
@@ -126,7 +127,9 @@ def test_line_view_covers_every_row_start():
     layout = nemotron_small()
     T, KW = layout.spec.num_tokens, layout.geometry.conv_kernel - 1
     cache = StateCache(layout, 6, "cpu")
-    for win in (cache.layers[0]["conv"], torch.zeros(6, 2 * 64 + 5, KW + T)[:, 3:3 + 64]):  # dense; strided pages
+    spec = conv_spec(64, KW + T, torch.float32)
+    engine = spec.view(torch.zeros(6, spec.nbytes + 96, dtype=torch.int8)[:, 32: 32 + spec.nbytes])  # engine pages
+    for win in (cache.layers[0]["conv"], engine, torch.zeros(6, 2 * 64 + 5, KW + T)[:, 3:3 + 64]):  # + row-major
         view = line_view(win)
         assert view.data_ptr() == win.data_ptr() and view.stride(0) == 1
         last = (win.shape[0] - 1) * win.stride(0) + (win.shape[2] - KW - 1) * win.stride(2)  # base = T - 1 (q = 1)

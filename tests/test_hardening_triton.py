@@ -22,6 +22,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig, StateManager  # noqa: E402
+from ssmstate.layout import conv_spec  # noqa: E402
 from ssmstate.ops import reference as ref  # noqa: E402
 from ssmstate.ops import triton as trk  # noqa: E402
 from tests.hardening_walk import bad_input_walk, layer_inputs  # noqa: E402
@@ -119,7 +120,7 @@ def test_conv_corrupted_shift():
     gen = torch.Generator().manual_seed(6)
     pages, Dc, k, T = 7, 40, 4, 3
     width = k - 1 + T
-    win = torch.randn(pages, Dc, width, generator=gen)
+    win = conv_spec(Dc, width, torch.float32).zeros(pages, "cpu").copy_(torch.randn(pages, Dc, width, generator=gen))
     win[0] = 0
     shift = torch.tensor([0, -5, BIG, INT_MIN, T + 1, 2, 1], dtype=torch.int32)
     ids = torch.tensor([1, 2, 3, 0, 4], dtype=torch.int32)

@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings  # noqa: E40
 from hypothesis import strategies as st  # noqa: E402
 
 from ssmstate.errors import ConfigError  # noqa: E402
+from ssmstate.layout import conv_spec  # noqa: E402
 from ssmstate.ops import reference as ref  # noqa: E402
 from ssmstate.ops import triton as ot  # noqa: E402
 from tests.test_triton_common import (  # noqa: E402
@@ -257,8 +258,8 @@ def test_conv_matches_reference(seed, k, T, dtype, with_bias, activation, channe
     pages, Dc, rows = 7, 40, 5
     width = k - 1 + T
     win = torch.randn(pages, Dc, width, generator=gen).to(dtype)
-    if channels_last:
-        win = win.transpose(1, 2).contiguous().transpose(1, 2)
+    if channels_last:  # the layout's order
+        win = conv_spec(Dc, width, dtype).zeros(pages, "cpu").copy_(win)
     win[0] = 0
     shift = torch.randint(0, T + 1, (pages,), generator=gen, dtype=torch.int32)
     qs = torch.randint(1, T + 1, (rows,), generator=gen).tolist()

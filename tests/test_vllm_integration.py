@@ -218,7 +218,7 @@ def test_narrow_checkpoint_page_agrees_to_the_byte(vllm_mod, model_dir, state_dt
     offset = 0
     for t in layout.tensors:
         v = views[t.name]
-        assert v.dtype == t.dtype and tuple(v.shape) == (blocks, *t.shape), t
+        assert v.dtype == t.dtype and tuple(v.shape) == (blocks, *t.shape) and t.is_laid_out(v), t
         assert v.data_ptr() - raw.data_ptr() == offset and v.stride(0) == spec.page_size_bytes // t.dtype.itemsize
         offset += t.nbytes
     assert offset == layout.layer_page_bytes

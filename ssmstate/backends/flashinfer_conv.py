@@ -23,9 +23,10 @@ stores ``[history[1:], inputs]`` (``k - 2 + q`` columns) from column 0. Two diff
   before our history, then our history) and stores our ``k - 1`` history columns plus the inputs, exactly the
   reference's ``k - 1 + q`` columns. The extra tap adds ``0 * value``: the outputs equal a ``k``-tap conv whenever
   that value is finite. It is the column just left of the row's history; for a row whose previous step accepted
-  nothing (``conv_shift = T``) that is outside the window (the previous channel's newest column, for channel 0
-  the previous page's last one: always inside the cache tensor, never written). A non-finite value there would
-  turn that one output into NaN; the reference does not read it.
+  nothing (``conv_shift = T``, never under vLLM, which always keeps the bonus token) that is outside the window:
+  the element ``conv_dim`` before the row's column 0 (in a :class:`StateCache`'s own tensor the same channel of the
+  previous page's newest column; in engine pages the bytes just before the window), always inside the storage and
+  never written. A non-finite value there would turn that one output into NaN; the reference does not read it.
 
 A step whose rows all have ``T`` tokens goes in vLLM's dense form (``(rows, conv_dim, T)`` views of the packed
 tensors), any other in its varlen form (``query_start_loc``, ``max_query_len = T``); the Triton interpreter runs

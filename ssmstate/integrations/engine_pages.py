@@ -24,8 +24,9 @@ def page_views(layout: PageLayout, raw: torch.Tensor) -> dict[str, torch.Tensor]
         raw: vLLM's ``(num_blocks, 1, 1, page_bytes)`` (or ``(num_blocks, page_bytes)``) int8 view
             of one layer; ``page_bytes`` may include padding up to the attention page.
     Returns:
-        name -> ``(num_blocks, *shape)`` typed view (strided by the page), as
-        vLLM's ``MambaBase.bind_kv_cache`` slices them.
+        name -> ``(num_blocks, *shape)`` typed view (strided by the page, each page dense in the
+        spec's memory order: :meth:`TensorSpec.view`), at the offsets vLLM's ``MambaBase.bind_kv_cache``
+        slices them.
     """
     # squeeze, never reshape: a copy would silently detach our views from vLLM's memory.
     pages = raw.squeeze(dim=(1, 2)) if raw.dim() == 4 else raw
@@ -38,7 +39,7 @@ def page_views(layout: PageLayout, raw: torch.Tensor) -> dict[str, torch.Tensor]
     for t in layout.tensors:
         if offset % t.dtype.itemsize:
             raise SSMStateError(f"{t.name} would start at byte {offset}, not a multiple of its {t.dtype} size")
-        views[t.name] = pages[:, offset: offset + t.nbytes].view(t.dtype).view(-1, *t.shape)
+        views[t.name] = t.view(pages[:, offset: offset + t.nbytes])
         offset += t.nbytes
     return views
 

@@ -32,9 +32,14 @@ def prefill_conv_view(conv: torch.Tensor, conv_kernel: int, dim_first: bool) -> 
     before every fresh one. vLLM transposes an SD-layout conv state back to
     ``(dim, width)`` itself, so the SD view is the transposed one.
 
+    vLLM's prefill kernels take the conv state's strides as given (neither its
+    Triton ``causal_conv1d_fn`` nor the CPU platform's torch one requires a unit
+    stride), so the window's channel-contiguous order passes as it is: the SD
+    view has strides ``(page, conv_dim, 1)``, what vLLM allocates for SD itself.
+
     Args:
-        conv: ``(blocks, conv_dim, k - 1 + T)`` page view. dim_first: vLLM's
-            ``is_conv_state_dim_first()``.
+        conv: ``(blocks, conv_dim, k - 1 + T)`` page view, channels contiguous (the layout's
+            order). dim_first: vLLM's ``is_conv_state_dim_first()``.
     Returns:
         ``(blocks, conv_dim, k - 1)`` (``dim_first``) or ``(blocks, k - 1, conv_dim)``, a view (no copy).
     """

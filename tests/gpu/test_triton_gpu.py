@@ -16,6 +16,7 @@ if torch.cuda.is_available():
     tcv = trk
 
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig, StateManager
+from ssmstate.layout import conv_spec
 from ssmstate.ops import reference as ref
 from tests.test_triton_common import POISON, compare_verify, make_case, other_cursors, rel, run_verify, verify_args
 
@@ -238,7 +239,7 @@ def test_conv_gpu():
     gen = torch.Generator().manual_seed(11)
     pages, Dc, k, T, rows = 10, 128 * 64 + 2 * 8 * 128, 4, 4, 8
     width = k - 1 + T
-    win = torch.randn(pages, Dc, width, generator=gen).to(torch.bfloat16).cuda()
+    win = conv_spec(Dc, width, torch.bfloat16).zeros(pages, "cuda").copy_(torch.randn(pages, Dc, width, generator=gen))
     shift = torch.randint(0, T + 1, (pages,), generator=gen, dtype=torch.int32).cuda()
     qs = torch.randint(1, T + 1, (rows,), generator=gen).tolist()
     cu = torch.tensor([0] + torch.tensor(qs).cumsum(0).tolist(), dtype=torch.int32).cuda()

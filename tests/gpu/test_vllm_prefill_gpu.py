@@ -37,7 +37,7 @@ def _pages(layout, raw):
     """Typed per-tensor views into raw int8 pages, as vLLM's bind_kv_cache slices them."""
     views, off = {}, 0
     for t in layout.tensors:
-        views[t.name] = raw[:, off: off + t.nbytes].view(t.dtype).view(-1, *t.shape)
+        views[t.name] = t.view(raw[:, off: off + t.nbytes])  # each page in the spec's memory order
         off += t.nbytes
     return views
 
