@@ -5,8 +5,11 @@ of the accepted counts: what a speculative-decoding runner adds to the model's m
 (24 Mamba layers, H=128, P=64, N=128, G=8) and Nemotron 3 Nano 30B-A3B (23 layers, H=64), both from
 ``ssmstate.geometry`` presets, fp32 state, bf16 activations, MTP K=3 (T=4), window W=16. Variants:
 
-* ``ours_fused``: ``StateManager.conv_verify`` per layer (the "triton" backend's fused layer kernel) + commit;
-* ``ours_unfused``: ``StateManager.conv`` then ``verify`` per layer ("triton") + commit;
+* ``ours``: ``StateManager.conv_verify`` per layer as the vLLM plugin calls it ("triton" backend, default options: the
+  launch table picks the fused kernel or the conv + verify pair, and for the pair programmatic dependent launch)
+  + commit;
+* ``ours_fused``: ``StateManager.conv_verify`` forced onto the fused layer kernel + commit;
+* ``ours_unfused``: ``StateManager.conv`` then ``verify`` per layer ("triton", no PDL) + commit;
 * ``vllm_pair``: vLLM's built-in ReplaySSM pair: vLLM's Triton ``causal_conv1d_update`` on its own conv state
   (``(blocks, K + k - 1, conv_dim)`` stored, passed transposed, ``num_accepted_tokens`` = the last step's counts)
   then FlashInfer ``checkpointing_ssu`` on the shared pages with the algorithm ``FlashInferBackend.tune()`` measured
@@ -60,7 +63,7 @@ import bench_verify as bv  # noqa: E402  (copy bandwidth, FlashInfer loading, th
 from progress import progress  # noqa: E402
 
 MODELS = ("nemotron-h-8b", "nemotron-3-nano-30b-a3b")
-VARIANTS = ("ours_fused", "ours_unfused", "vllm_pair", "fi_backend", "native")
+VARIANTS = ("ours", "ours_fused", "ours_unfused", "vllm_pair", "fi_backend", "native")
 #: more variants ``--variants`` takes: ours with programmatic dependent launch, and the two cross pairs that split
 #: a gap between ours and vLLM's pair into its conv and verify parts (vLLM's conv + our verify; our conv + FlashInfer)
 EXTRA = ("ours_fused_pdl", "ours_unfused_pdl", "diag_vllmconv_oursverify", "diag_oursconv_fiverify")
@@ -184,6 +187,10 @@ def manager_step(variant: str, g, rows: int, inp: Inputs, fi_backend, vconv, l2:
 
     def body(plan):
         for lay in range(g.num_layers):
+            if variant == "ours":  # as the vLLM plugin runs a layer: the launch table picks fused or pair, and PDL
+                m.conv_verify(lay, plan, inp.xBC, inp.dt, inp.A, inp.weight, inp.bias, D=inp.D, dt_bias=inp.dt_bias,
+                              out=inp.y)
+                continue
             if variant.startswith("ours_fused"):  # the fused kernel is off by default (launch table): force it
                 with override(fused={"MAX_ROWS": 1 << 20}):
                     m.conv_verify(lay, plan, inp.xBC, inp.dt, inp.A, inp.weight, inp.bias, D=inp.D,
@@ -426,7 +433,7 @@ def print_table(rows: list[dict], variants: list[str], copy_tbps: float) -> None
 def markdown(paths: list[str]) -> str:
     """The docs/performance.md decode-step table from saved JSON files: µs per step (ratio vLLM pair ÷ variant,
     % of copy bandwidth), the card of each file named."""
-    cols = ("ours_fused", "ours_unfused", "vllm_pair", "fi_backend", "native")
+    cols = ("ours", "ours_fused", "ours_unfused", "vllm_pair", "fi_backend", "native")
     out = ["| card | model | batch | flush % | " + " | ".join(cols) + " |", "|---" * (4 + len(cols)) + "|"]
     for path in paths:
         with open(path) as fh:

@@ -196,3 +196,40 @@ def test_pdl_refusals():
     with pytest.raises(ConfigError, match="bad options"):
         StateManager(layout, 4, backend="triton", backend_options={"pdl": True, "stream": 2})
     assert StateManager(layout, 4, backend="triton", backend_options={"pdl": True}).backend.pdl
+
+
+@pytest.mark.parametrize("option,state_dtype,rows,want", [
+    (False, torch.float32, 2, True),  # a small step: the table's pair_pdl.max_rows
+    (False, torch.float32, 6, False),  # past it
+    (False, torch.int8, 2, False),  # an 8-bit checkpoint: the plain pair
+    (True, torch.float32, 6, True),  # the backend option: always
+])
+def test_conv_verify_pair_pdl_rule(monkeypatch, option, state_dtype, rows, want):
+    """``conv_verify``'s conv + verify pair launches both kernels as programmatic dependents exactly where the launch
+    table's ``pair_pdl.max_rows`` (or the backend's ``pdl``) says; ``conv`` and ``verify`` alone keep the option."""
+    import ssmstate.ops.triton as ops
+
+    geom = Mamba2Geometry(num_heads=2, head_dim=16, state_size=16, n_groups=1, conv_kernel=4, num_layers=1,
+                          state_dtype=state_dtype)
+    m = StateManager(PageLayout.replay(geom, SpecConfig(1, window=4)), 8, backend="triton", max_batch=8,
+                     backend_options={"pdl": option})
+    seen = []
+    for name in ("conv_update", "replay_verify"):
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name,
+                            lambda *a, _real=real, _n=name, **k: seen.append((_n, k["pdl"])) or _real(*a, **k))
+    ids = [f"r{i}" for i in range(rows)]
+    for r in ids:
+        m.admit(r)
+    plan = m.begin_step(ids, [2] * rows)
+    H, P, Dc = geom.heads_per_rank, geom.head_dim, geom.conv_dim_per_rank
+    L, act = plan.total_tokens, geom.act_dtype
+    xbc = torch.randn(L, Dc).to(act)
+    m.conv_verify(0, plan, xbc, torch.randn(L, H), -torch.ones(H), torch.randn(Dc, 4), None)
+    assert seen == [("conv_update", want), ("replay_verify", want)]
+    m.rollback(plan)
+    plan = m.begin_step(ids, [2] * rows)
+    seen.clear()
+    m.conv(0, plan, xbc, torch.randn(Dc, 4), None)
+    assert seen == [("conv_update", option)]
+    m.rollback(plan)

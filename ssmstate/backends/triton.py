@@ -13,10 +13,11 @@ from types import ModuleType
 
 import torch
 
-from ssmstate.backends.layer_step import fused_counters, unfused_conv_verify
+from ssmstate.backends.layer_step import conv_out_buffer, fused_counters
 from ssmstate.cache import StateCache
 from ssmstate.errors import BackendUnavailableError, ConfigError
 from ssmstate.layout import SCALE_NAME, PageLayout
+from ssmstate.ops.reference import split_xbc
 from ssmstate.plan import StepPlan
 
 try:
@@ -109,20 +110,22 @@ class TritonBackend:
 
     def verify(self, cache: StateCache, layer: int, plan: StepPlan, x: Tensor, dt: Tensor, A: Tensor,
                B: Tensor, C: Tensor, D: Tensor | None, dt_bias: Tensor | None, z: Tensor | None,
-               out: Tensor) -> Tensor:
+               out: Tensor, pdl: bool | None = None) -> Tensor:
+        """``pdl``: None for the backend's option (the layer pair of :meth:`conv_verify` may set it)."""
         t = cache.layers[layer]
         return _ops().replay_verify(
             t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start, cache.num_committed,
             x, dt, A, B, C, plan.page_ids, plan.cu_seqlens, cache.layout.spec.window, out,
-            D=D, dt_bias=dt_bias, z=z, row_cursors=plan.row_cursors, pdl=self.pdl,
+            D=D, dt_bias=dt_bias, z=z, row_cursors=plan.row_cursors, pdl=self.pdl if pdl is None else pdl,
             checkpoint_scale=t.get(SCALE_NAME), sr_seed=cache.checkpoint_seed, layer=layer,
         )
 
     def conv(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, weight: Tensor,
-             bias: Tensor | None, activation: str | None, out: Tensor) -> Tensor:
+             bias: Tensor | None, activation: str | None, out: Tensor, pdl: bool | None = None) -> Tensor:
+        """``pdl``: None for the backend's option (the layer pair of :meth:`conv_verify` may set it)."""
         return _ops().conv_update(cache.layers[layer]["conv"], cache.conv_shift, xBC, weight, bias,
-                                         plan.page_ids, plan.cu_seqlens, out, activation=activation, pdl=self.pdl,
-                                  row_shift=plan.row_conv_shift)
+                                  plan.page_ids, plan.cu_seqlens, out, activation=activation,
+                                  pdl=self.pdl if pdl is None else pdl, row_shift=plan.row_conv_shift)
 
     def conv_verify(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, dt: Tensor, A: Tensor,
                     weight: Tensor, bias: Tensor | None, activation: str | None, D: Tensor | None,
@@ -131,13 +134,22 @@ class TritonBackend:
         ``fused.max_rows`` rows (0: the fused kernel measured slower than the pair at every batch so far), else
         ``conv`` then ``verify``; the pair too for what the fused kernel does not write: an 8-bit checkpoint (decode
         scales) or a stochastically rounded one (``checkpoint_seed`` set). With ``pdl`` the launch waits for the
-        kernel before it, then lets the next one launch."""
+        kernel before it, then lets the next one launch.
+
+        The pair launches as programmatic dependents also where the launch table's ``pair_pdl.max_rows`` says that
+        is faster (small steps; fp32/bf16/fp16 checkpoints): here the kernel right before the verify is always this
+        layer's conv, which the PDL rule allows, and the conv waits for everything before it.
+        """
         t = cache.layers[layer]
         ops = _ops()
-        pair = t["checkpoint"].dtype not in ops.conv_verify.STATE_DTYPES or cache.checkpoint_seed is not None
-        if pair or plan.num_rows > ops.config.fused_max_rows():
-            return unfused_conv_verify(self, cache, layer, plan, xBC, dt, A, weight, bias, activation, D, dt_bias,
-                                       z, out)
+        plain = t["checkpoint"].dtype in ops.conv_verify.STATE_DTYPES and cache.checkpoint_seed is None
+        if not plain or plan.num_rows > ops.config.fused_max_rows():
+            pdl = self.pdl or (plain and plan.num_rows <= ops.config.pair_pdl_max_rows())
+            y = self.conv(cache, layer, plan, xBC, weight, bias, activation, conv_out_buffer(cache, plan, xBC.dtype),
+                          pdl=pdl)
+            g = cache.layout.geometry
+            x, B, C = split_xbc(y, g.heads_per_rank, g.head_dim, g.groups_per_rank, g.state_size)
+            return self.verify(cache, layer, plan, x, dt, A, B, C, D, dt_bias, z, out, pdl=pdl)
         return ops.replay_conv_verify(
             t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start, cache.num_committed,
             t["conv"], cache.conv_shift, xBC, dt, A, weight, bias, plan.page_ids, plan.cu_seqlens,

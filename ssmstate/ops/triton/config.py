@@ -96,7 +96,8 @@ def override(device: DeviceClass | None = None, fused: dict[str, int] | None = N
     :data:`OVERRIDE_KEYS`, which replace the chosen shape's fields. ``device``: the device class the choice and the
     launch arguments assume (e.g. ``DeviceClass(compiled=True, sms=132, gbps_per_sm=25.4)`` to capture an H100's
     launches on CPU tensors). ``fused``: fields of the fused conv + verify launch (:data:`FUSED_KEYS`); ``conv``:
-    of the conv update's (:data:`CONV_KEYS`). For benchmarks and tests; results agree to fp32/tf32 rounding across launches.
+    of the conv update's (:data:`CONV_KEYS`). For benchmarks and tests; results agree to fp32/tf32 rounding across
+    launches.
     """
     _check_fused_override(fused or {})
     _check_conv_override(conv or {})
@@ -399,3 +400,12 @@ def conv_block(conv_dim: int, element_size: int) -> tuple[int, int]:
     warps = fields.get("num_warps", table()["conv"]["num_warps"])
     block = fields.get("BLOCK_D", max(1, 16 // element_size) * 32 * warps)
     return min(block, pow2(conv_dim)), warps
+
+
+# -- the conv + verify pair under programmatic dependent launch ----------------------------------------------------
+
+
+def pair_pdl_max_rows() -> int:
+    """The most rows a step may have for the "triton" backend's ``conv_verify`` to launch its conv + verify pair as
+    programmatic dependents on its own (``launch_table.json``'s ``pair_pdl``)."""
+    return table()["pair_pdl"]["max_rows"]
