@@ -343,7 +343,14 @@ def bench_model(model: str, batches: list[int], variants: list[str], args, fi, v
                "mean_history_rows": mean_c}
         if fi_backend is not None:  # tuned batch by batch, so a run cut short keeps complete batches
             t0 = time.time()
-            row["fi_tune"] = fi_backend.tune(layout, bv.DEV, [b], reps=args.tune_reps)
+            try:
+                row["fi_tune"] = fi_backend.tune(layout, bv.DEV, [b], reps=args.tune_reps)
+            except Exception as exc:  # keep the other variants (and batches) when FlashInfer's tuning breaks
+                row["fi_tune_error"] = repr(exc)[:400]
+                log(f"  {model} b={b} FlashInfer tune failed: {row['fi_tune_error']}")
+                rows_out.append(row)
+                save(rows_out)
+                continue
             row["fi_tune_s"] = time.time() - t0
             row["fi_algorithm"] = fi_backend.algorithm_for("dense", b)
             for r in row["fi_tune"]:
