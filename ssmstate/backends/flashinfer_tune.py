@@ -195,12 +195,19 @@ def tune(backend: "FlashInferBackend", layout: PageLayout, device: torch.device,
         for bs in sizes:
             for form, algos in candidates.items():
                 pr = probe(layout, call, form, bs, sets[bs], device, gen)
-                times = {}
+                times, failed = {}, {}
                 for algo in algos:
                     with backend.forcing(algo):
-                        times[algo] = time_us([lambda j=j: backend.run_probe(priv, pr, j)
-                                               for j in range(len(pr.plans))], reps)
-                entry = {"form": form, "batch": bs, "us": times, "chosen": fastest(times)}
+                        try:
+                            times[algo] = time_us([lambda j=j: backend.run_probe(priv, pr, j)
+                                                   for j in range(len(pr.plans))], reps)
+                        except Exception as exc:  # not capturable in a CUDA graph here: never chosen
+                            failed[algo] = repr(exc)[:300]
+                if not times:
+                    raise BackendUnavailableError(f"no checkpointing_ssu algorithm ran in a CUDA graph at batch {bs} "
+                                                  f"({form}): {failed}")
+                entry = {"form": form, "batch": bs, "us": times, "chosen": fastest(times),
+                         **({"failed": failed} if failed else {})}
                 if form == "dense" and cuda:
                     with backend.forcing("auto"):
                         entry["auto_runs"] = describe_tactic(tuned_tactic(lambda: backend.run_probe(priv, pr, 0)))
