@@ -25,6 +25,7 @@ import attrs
 import torch
 
 from ssmstate.cache import StateCache
+from ssmstate.errors import BackendUnavailableError
 from ssmstate.dtypes import is_quantized
 from ssmstate.layout import PageLayout
 from ssmstate.plan import StepPlan
