@@ -536,3 +536,23 @@ def test_conv_row_shift_is_read_and_checked():
         with pytest.raises(ShapeError, match="row_shift"):
             fn(win, shift, xbc, w, None, ids, cu, torch.zeros(8, Dc), row_shift=row_shift[:3])
     assert torch.equal(win, before)
+
+
+def test_conv_output_in_place():
+    """``out`` may be ``xBC`` itself (as in the reference): the window keeps the tokens, not the outputs."""
+    gen = torch.Generator().manual_seed(5)
+    pages, Dc, k, T = 5, 24, 4, 3
+    win = torch.randn(pages, k - 1 + T, Dc, generator=gen).transpose(1, 2)
+    shift = torch.tensor([0, 1, 3, 0, 2], dtype=torch.int32)
+    ids = torch.tensor([2, 0, 4, 1], dtype=torch.int32)
+    cu = torch.tensor([0, 3, 4, 6, 9], dtype=torch.int32)
+    xbc, w, b = torch.randn(9, Dc, generator=gen), torch.randn(Dc, k, generator=gen), torch.randn(Dc, generator=gen)
+    res = []
+    for fn in (ref.conv_update, ot.conv_update):
+        wn, x = win.clone(), xbc.clone()
+        fn(wn, shift, x, w, b, ids, cu, x)
+        res.append((wn, x))
+    sep = win.clone()
+    ref.conv_update(sep, shift, xbc.clone(), w, b, ids, cu, torch.zeros(9, Dc))
+    assert torch.equal(res[0][0], sep) and torch.equal(res[1][0], sep)
+    assert rel(res[1][1], res[0][1]) < 1e-5

@@ -7,9 +7,9 @@ the page's window, then the row's ``q`` new tokens. The window is stored channel
 contiguous (:class:`~ssmstate.layout.PageLayout`), as are the tokens, so every
 column is one run of contiguous channels: each thread loads and stores 16 bytes of
 channels per column, and every product of a tap and a column is a register
-product in that layout (no shuffles, no shared memory). The program writes the ``q``
-outputs, then (after a barrier, as the window is updated in place) stores the last
-``k - 1 + q`` columns right-aligned. Padding rows (page 0) are skipped.
+product in that layout (no shuffles, no shared memory). After every load (and a
+barrier, as the window is updated in place) the program stores the last ``k - 1 + q``
+columns right-aligned, then the ``q`` outputs. Padding rows (page 0) are skipped.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def _seq_tile(wbase, x_ptr, cols, end, lo, q, offs_d, md, s_win_c, s_x_t, s_x_d,
     tok = (lo + tl.maximum(cols - KW, 0)).to(tl.int64)
     new = tl.load(x_ptr + tok[:, None] * s_x_t + offs_d[None, :].to(tl.int64) * s_x_d,
                   mask=((cols >= KW) & (cols < KW + q))[:, None] & md[None, :], other=0.0)
-    return hist.to(tl.float32) + new.to(tl.float32)
+    return tl.where((cols < KW)[:, None], hist.to(tl.float32), new.to(tl.float32))
 
 
 @triton.jit
@@ -77,15 +77,17 @@ def _conv_update_kernel(
             y += tap[None, :] * _seq_tile(wbase, x_ptr, j + tt, end, lo, q, offs_d, md, s_win_c, s_x_t, s_x_d, KW)
         if SILU:
             y = y * tl.sigmoid(y)
-        tl.store(out_ptr + (lo + tt).to(tl.int64)[:, None] * s_o_t + offs_d[None, :].to(tl.int64) * s_o_d,
-                 y.to(out_ptr.dtype.element_ty), mask=(tt < q)[:, None] & md[None, :])
-        # new window: the last KW + q sequence columns, right-aligned
+        # new window: the last KW + q sequence columns, right-aligned. Every load comes before the first store: the
+        # window is updated in place, and ``out`` may be ``xBC`` itself (as in the reference)
         ll = tl.arange(0, BLOCK_L)
         seq = _seq_tile(wbase, x_ptr, ll, end, lo, q, offs_d, md, s_win_c, s_x_t, s_x_d, KW)
+        seq = seq.to(win_ptr.dtype.element_ty)
         dst = width - (KW + q) + ll
         keep = (ll < KW + q) & (dst >= 0)
         tl.debug_barrier()
-        tl.store(wbase + dst[:, None] * s_win_c, seq.to(win_ptr.dtype.element_ty), mask=keep[:, None] & md[None, :])
+        tl.store(wbase + dst[:, None] * s_win_c, seq, mask=keep[:, None] & md[None, :])
+        tl.store(out_ptr + (lo + tt).to(tl.int64)[:, None] * s_o_t + offs_d[None, :].to(tl.int64) * s_o_d,
+                 y.to(out_ptr.dtype.element_ty), mask=(tt < q)[:, None] & md[None, :])
 
 
 def conv_launch(
