@@ -17,11 +17,13 @@ verifying T = 4 tokens, rollback cursors from the acceptance draw of ``bench_ver
 
 Reported: µs per layer and vLLM ÷ ours (above 1: ours faster). Run (repo root, a GPU, vLLM's kernel importable or
 ``SSMSTATE_VLLM_KERNELS`` set to its sources): ``python benchmarks/bench_conv.py --json conv.json``.
+``--cpu-smoke`` runs ours end to end on CPU under the Triton interpreter at a toy size (timings meaningless).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -37,8 +39,10 @@ import torch  # noqa: E402
 import bench_verify as bv  # noqa: E402  (the acceptance draw, the CUDA-graph timer)
 from bench_decode_step import load_vllm_conv  # noqa: E402
 
-DC, KCONV, K = 10240, 4, 3
+KCONV, K = 4, 3
 T = K + 1
+#: conv channels (Nemotron-H-8B's; --cpu-smoke: a toy size) and the device
+DC, DEV = 10240, "cuda"
 
 
 def buffers(rows: int, layers: int, order: str, gen: torch.Generator) -> list[dict]:
@@ -51,8 +55,18 @@ def buffers(rows: int, layers: int, order: str, gen: torch.Generator) -> list[di
             win = torch.randn(rows + 1, DC, width, generator=gen)
         else:
             win = torch.randn(rows + 1, width, DC, generator=gen).transpose(1, 2)
-        out.append({"win": win.to(device="cuda", dtype=torch.bfloat16)})
+        out.append({"win": win.to(device=DEV, dtype=torch.bfloat16)})
     return out
+
+
+def time_calls(calls, reps: int) -> float:
+    """µs per call: one CUDA graph of the calls (``bench_verify``'s timer), or on CPU a plain loop."""
+    if DEV == "cuda":
+        return bv.time_calls(calls, reps)
+    t0 = time.perf_counter()
+    for f in calls:
+        f()
+    return (time.perf_counter() - t0) * 1e6 / len(calls)
 
 
 def bench_batch(rows: int, warps: list[int], vconv, l2: int, reps: int) -> dict:
@@ -61,46 +75,44 @@ def bench_batch(rows: int, warps: list[int], vconv, l2: int, reps: int) -> dict:
     gen = torch.Generator().manual_seed(rows)
     rng = random.Random(rows)
     per_layer = (rows + 1) * DC * (KCONV - 1 + T) * 2 + 2 * rows * T * DC * 2
-    layers = max(16, -(-4 * l2 // per_layer))
-    xbc = torch.randn(rows * T, DC, generator=gen).to(device="cuda", dtype=torch.bfloat16)
+    layers = max(16, -(-4 * l2 // per_layer)) if DEV == "cuda" else 2
+    xbc = torch.randn(rows * T, DC, generator=gen).to(device=DEV, dtype=torch.bfloat16)
     out = torch.empty_like(xbc)
-    weight = (torch.randn(DC, KCONV, generator=gen) * 0.3).cuda()
-    bias = (torch.randn(DC, generator=gen) * 0.1).cuda()
-    ids = torch.arange(1, rows + 1, dtype=torch.int32, device="cuda")
-    cu = torch.arange(0, rows * T + 1, T, dtype=torch.int32, device="cuda")
+    weight = (torch.randn(DC, KCONV, generator=gen) * 0.3).to(DEV)
+    bias = (torch.randn(DC, generator=gen) * 0.1).to(DEV)
+    ids = torch.arange(1, rows + 1, dtype=torch.int32, device=DEV)
+    cu = torch.arange(0, rows * T + 1, T, dtype=torch.int32, device=DEV)
     accepted = [bv.draw_accepted(rng, T) for _ in range(rows)]
-    shift = torch.tensor([0] + [T - a for a in accepted], dtype=torch.int32, device="cuda")
-    num_acc = torch.tensor(accepted, dtype=torch.int32, device="cuda")
+    shift = torch.tensor([0] + [T - a for a in accepted], dtype=torch.int32, device=DEV)
+    num_acc = torch.tensor(accepted, dtype=torch.int32, device=DEV)
     row = {"batch": rows, "layers": layers}
 
-    def ours(bufs, cfg=None):
+    def ours(bufs, cfg: dict | None = None):
         def call(b):
-            if cfg is None:
-                return lambda: trk.conv_update(b["win"], shift, xbc, weight, bias, ids, cu, out)
-            return lambda: _with(cfg, lambda: trk.conv_update(b["win"], shift, xbc, weight, bias, ids, cu, out))
+            def run():
+                with trk.override(conv=cfg) if cfg else contextlib.nullcontext():
+                    trk.conv_update(b["win"], shift, xbc, weight, bias, ids, cu, out)
+            return run
         return [call(b) for b in bufs]
 
-    def _with(cfg, fn):
-        with trk.override(conv=cfg):
-            return fn()
-
     bufs = buffers(rows, layers, "channels", gen)
-    row["ours_us"] = bv.time_calls(ours(bufs), reps)
+    row["ours_us"] = time_calls(ours(bufs), reps)
     for w in warps:
-        row[f"ours_w{w}_us"] = bv.time_calls(ours(bufs, {"num_warps": w}), reps)
+        row[f"ours_w{w}_us"] = time_calls(ours(bufs, {"num_warps": w}), reps)
     del bufs
     bufs = buffers(rows, layers, "columns", gen)
-    row["ours_colmajor_us"] = bv.time_calls(ours(bufs), reps)
+    row["ours_colmajor_us"] = time_calls(ours(bufs), reps)
     del bufs
     if vconv is not None:
         bufs = buffers(rows, layers, "vllm", gen)
         calls = [lambda b=b: vconv(xbc, b["win"], weight, bias, "silu", conv_state_indices=ids,
                                    num_accepted_tokens=num_acc, query_start_loc=cu, max_query_len=T, out=out)
                  for b in bufs]
-        row["vllm_us"] = bv.time_calls(calls, reps)
+        row["vllm_us"] = time_calls(calls, reps)
         row["vllm_vs_ours"] = row["vllm_us"] / row["ours_us"]
         del bufs
-    torch.cuda.empty_cache()
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
     return row
 
 
@@ -110,15 +122,24 @@ def main() -> None:
     ap.add_argument("--batches", default="1,2,4,8,16,32,64,128,256")
     ap.add_argument("--warps", default="1,2,4", help="also time ours with these warps per program")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="ours only, on CPU under TRITON_INTERPRET=1, 64 channels, batches 1 and 2")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench_conv.py needs a CUDA GPU")
+    global DC, DEV
+    if args.cpu_smoke:
+        os.environ["TRITON_INTERPRET"] = "1"
+        DC, DEV, args.batches, args.warps = 64, "cpu", "1,2", "1"
+    elif not torch.cuda.is_available():
+        sys.exit("bench_conv.py needs a CUDA GPU (or --cpu-smoke)")
     t0 = time.time()
-    props = torch.cuda.get_device_properties(0)
-    l2 = getattr(props, "L2_cache_size", 50 * 2 ** 20) or 50 * 2 ** 20
-    vconv = load_vllm_conv()
+    if DEV == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        name, l2 = props.name, getattr(props, "L2_cache_size", 50 * 2 ** 20) or 50 * 2 ** 20
+        vconv = load_vllm_conv()
+    else:
+        name, l2, vconv = "cpu (Triton interpreter smoke run)", 0, None
     import triton
-    env = {"gpu": props.name, "l2_bytes": l2, "torch": torch.__version__, "triton": triton.__version__,
+    env = {"gpu": name, "l2_bytes": l2, "torch": torch.__version__, "triton": triton.__version__,
            "python": platform.python_version(), "command": " ".join(sys.argv)}
     bv.log(json.dumps(env))
     warps = [int(w) for w in args.warps.split(",") if w]
@@ -129,7 +150,7 @@ def main() -> None:
         with open(args.json, "w") as fh:
             json.dump({"env": env, "rows": rows, "seconds": time.time() - t0}, fh, indent=1)
     cols = ["ours", *[f"ours_w{w}" for w in warps], "ours_colmajor", "vllm"]
-    bv.log(f"\n{props.name}: µs per conv update (one layer); x = vLLM ÷ ours")
+    bv.log(f"\n{name}: µs per conv update (one layer); x = vLLM ÷ ours")
     bv.log(f"{'batch':>5} | " + " | ".join(f"{c:>13}" for c in cols) + " | x")
     for r in rows:
         cells = [f"{r[c + '_us']:13.2f}" if c + "_us" in r else f"{'-':>13}" for c in cols]

@@ -93,3 +93,17 @@ def test_bench_decode_step_cpu_smoke(tmp_path: Path) -> None:
     lines = md.stdout.strip().splitlines()
     assert lines[0].startswith("| card | model | batch |") and len(lines) == 2 + len(got["rows"])
     assert f"{got['rows'][0]['ours_unfused_us']:.1f}" in lines[2]
+
+
+def test_bench_conv_cpu_smoke(tmp_path: Path) -> None:
+    """The conv benchmark on CPU under the Triton interpreter: ours on both storage orders, vLLM's skipped."""
+    out = tmp_path / "conv.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_conv.py"), "--cpu-smoke", "--json",
+                          str(out)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["batch"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["ours_us"] > 0 and r["ours_w1_us"] > 0 and r["ours_colmajor_us"] > 0 and "vllm_us" not in r
+    assert "µs per conv update" in res.stdout
