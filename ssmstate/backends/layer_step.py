@@ -6,6 +6,7 @@ can be captured in a CUDA graph once it has run once)."""
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import attrs
 import torch
@@ -72,10 +73,12 @@ def fused_counters(cache: StateCache) -> Tensor:
 
 def unfused_conv_verify(backend: Backend, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, dt: Tensor,
                         A: Tensor, weight: Tensor, bias: Tensor | None, activation: str | None, D: Tensor | None,
-                        dt_bias: Tensor | None, z: Tensor | None, out: Tensor) -> Tensor:
+                        dt_bias: Tensor | None, z: Tensor | None, out: Tensor, **launch: Any) -> Tensor:
     """``backend.conv`` into the cache's conv-output buffer, then ``backend.verify`` on its x, B, C views
-    (Nemotron-H's channel order, :func:`~ssmstate.ops.reference.split_xbc`)."""
+    (Nemotron-H's channel order, :func:`~ssmstate.ops.reference.split_xbc`); ``launch``: keywords both take on
+    this backend (the triton backend's ``pdl``)."""
     g = cache.layout.geometry
-    y = backend.conv(cache, layer, plan, xBC, weight, bias, activation, conv_out_buffer(cache, plan, xBC.dtype))
+    y = backend.conv(cache, layer, plan, xBC, weight, bias, activation, conv_out_buffer(cache, plan, xBC.dtype),
+                     **launch)
     x, B, C = split_xbc(y, g.heads_per_rank, g.head_dim, g.groups_per_rank, g.state_size)
-    return backend.verify(cache, layer, plan, x, dt, A, B, C, D, dt_bias, z, out)
+    return backend.verify(cache, layer, plan, x, dt, A, B, C, D, dt_bias, z, out, **launch)

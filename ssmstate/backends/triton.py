@@ -13,11 +13,10 @@ from types import ModuleType
 
 import torch
 
-from ssmstate.backends.layer_step import conv_out_buffer, fused_counters
+from ssmstate.backends.layer_step import fused_counters, unfused_conv_verify
 from ssmstate.cache import StateCache
 from ssmstate.errors import BackendUnavailableError, ConfigError
 from ssmstate.layout import SCALE_NAME, PageLayout
-from ssmstate.ops.reference import split_xbc
 from ssmstate.plan import StepPlan
 
 try:
@@ -145,11 +144,8 @@ class TritonBackend:
         plain = t["checkpoint"].dtype in ops.conv_verify.STATE_DTYPES and cache.checkpoint_seed is None
         if not plain or plan.num_rows > ops.config.fused_max_rows():
             pdl = self.pdl or (plain and plan.num_rows <= ops.config.pair_pdl_max_rows())
-            y = self.conv(cache, layer, plan, xBC, weight, bias, activation, conv_out_buffer(cache, plan, xBC.dtype),
-                          pdl=pdl)
-            g = cache.layout.geometry
-            x, B, C = split_xbc(y, g.heads_per_rank, g.head_dim, g.groups_per_rank, g.state_size)
-            return self.verify(cache, layer, plan, x, dt, A, B, C, D, dt_bias, z, out, pdl=pdl)
+            return unfused_conv_verify(self, cache, layer, plan, xBC, dt, A, weight, bias, activation, D, dt_bias,
+                                       z, out, pdl=pdl)
         return ops.replay_conv_verify(
             t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start, cache.num_committed,
             t["conv"], cache.conv_shift, xBC, dt, A, weight, bias, plan.page_ids, plan.cu_seqlens,

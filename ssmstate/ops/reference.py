@@ -280,24 +280,14 @@ def check_row_cursors(row_cursors: Tensor, ring_start: Tensor, num_committed: Te
         )
 
 
-def check_row_shift_shape(row_shift: object, rows: int, device: torch.device) -> None:
-    """``ShapeError`` unless ``row_shift`` is a (rows,) int32 tensor on ``device`` (no sync)."""
-    from ssmstate.errors import ShapeError
-
-    if not (isinstance(row_shift, Tensor) and row_shift.dtype == torch.int32 and tuple(row_shift.shape) == (rows,)
-            and row_shift.device == device):
-        got = (f"{tuple(row_shift.shape)} {row_shift.dtype} on {row_shift.device}"
-               if isinstance(row_shift, Tensor) else type(row_shift).__name__)
-        raise ShapeError(f"row_shift must be a ({rows},) int32 tensor on {device}, got {got}")
-
-
 def check_row_shift(row_shift: Tensor, conv_shift: Tensor, page_ids: Tensor, cu_seqlens: Tensor) -> None:
     """Raise unless ``row_shift`` (rows,) holds every live row's page ``conv_shift`` (``ShapeError`` for a wrong
     tensor, ``LifecycleError`` for a stale value; padding and empty rows are not read)."""
+    from ssmstate.checks import check_tensor
     from ssmstate.errors import LifecycleError
 
     dev = conv_shift.device
-    check_row_shift_shape(row_shift, page_ids.shape[0], dev)
+    check_tensor("row_shift", row_shift, (page_ids.shape[0],), (torch.int32,), dev)
     page_ids, cu_seqlens = page_ids.to(dev), cu_seqlens.to(dev)
     live = (page_ids != 0) & (cu_seqlens[1:] > cu_seqlens[:-1])
     want = conv_shift[page_ids.long()]

@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ssmstate.checks import check_tensor
 from ssmstate.errors import ConfigError, ShapeError
-from ssmstate.ops.reference import check_row_shift_shape
 from ssmstate.ops.triton.common import KernelLaunch, compiled, pdl_wait
 from ssmstate.ops.triton.config import conv_block
 
@@ -114,7 +114,7 @@ def conv_launch(
     if not isinstance(pdl, bool):
         raise ConfigError(f"pdl must be a bool, got {pdl!r}")
     if row_shift is not None:
-        check_row_shift_shape(row_shift, page_ids.shape[0], out.device)
+        check_tensor("row_shift", row_shift, (page_ids.shape[0],), (torch.int32,), out.device)
     gdc = pdl and compiled(out.device)
     BLOCK_D, warps = conv_block(Dc, conv_window.element_size())
     grid = (triton.cdiv(Dc, BLOCK_D), page_ids.shape[0])
