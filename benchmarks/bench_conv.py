@@ -38,6 +38,7 @@ import torch  # noqa: E402
 
 import bench_verify as bv  # noqa: E402  (the acceptance draw, the CUDA-graph timer)
 from bench_decode_step import load_vllm_conv  # noqa: E402
+from ssmstate.layout import conv_spec  # noqa: E402
 
 KCONV, K = 4, 3
 T = K + 1
@@ -52,10 +53,13 @@ def buffers(rows: int, layers: int, order: str, gen: torch.Generator) -> list[di
     out = []
     for _ in range(layers):
         if order == "columns":
-            win = torch.randn(rows + 1, DC, width, generator=gen)
+            win = torch.randn(rows + 1, DC, width, generator=gen).to(device=DEV, dtype=torch.bfloat16)
+        elif order == "channels":
+            win = conv_spec(DC, width, torch.bfloat16).zeros(rows + 1, DEV).copy_(torch.randn(rows + 1, DC, width,
+                                                                                             generator=gen))
         else:
-            win = torch.randn(rows + 1, width, DC, generator=gen).transpose(1, 2)
-        out.append({"win": win.to(device=DEV, dtype=torch.bfloat16)})
+            win = torch.randn(rows + 1, width, DC, generator=gen).transpose(1, 2).to(device=DEV, dtype=torch.bfloat16)
+        out.append({"win": win})
     return out
 
 

@@ -345,7 +345,7 @@ def bench_model(model: str, batches: list[int], variants: list[str], args, fi, v
             t0 = time.time()
             try:
                 row["fi_tune"] = fi_backend.tune(layout, bv.DEV, [b], reps=args.tune_reps)
-            except Exception as exc:  # keep the other variants (and batches) when FlashInfer's tuning breaks
+            except Exception as exc:  # record it and go on to the next batch when FlashInfer's tuning breaks
                 row["fi_tune_error"] = repr(exc)[:400]
                 log(f"  {model} b={b} FlashInfer tune failed: {row['fi_tune_error']}")
                 rows_out.append(row)
