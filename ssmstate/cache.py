@@ -7,7 +7,9 @@ import math
 import torch
 
 from ssmstate.errors import ShapeError
-from ssmstate.layout import CURSORS_PER_PAGE, SCALE_NAME, PageLayout, TensorSpec
+from ssmstate.layout import (
+    CONV_SHIFT, CURSORS_PER_PAGE, NUM_COMMITTED, PENDING, RING_START, SCALE_NAME, STATE_SLOT, PageLayout, TensorSpec,
+)
 
 
 class StateCache:
@@ -82,11 +84,11 @@ class StateCache:
 
     def _set_cursors(self, cursors: torch.Tensor) -> None:
         self.cursors = cursors
-        self.ring_start = cursors[0]
-        self.state_slot = cursors[0]
-        self.num_committed = cursors[1]
-        self.pending = cursors[2]
-        self.conv_shift = cursors[3]
+        self.ring_start = cursors[RING_START]
+        self.state_slot = cursors[STATE_SLOT]
+        self.num_committed = cursors[NUM_COMMITTED]
+        self.pending = cursors[PENDING]
+        self.conv_shift = cursors[CONV_SHIFT]
 
     def enable_stochastic_rounding(self, seed: int) -> None:
         """Write checkpoints with stochastic rounding from now on, starting at ``seed`` (an int64)."""

@@ -18,7 +18,7 @@ from ssmstate.checks import (
     engine_step_sizes,
 )
 from ssmstate.errors import LifecycleError, ShapeError, SSMStateError
-from ssmstate.layout import PageLayout
+from ssmstate.layout import CONV_SHIFT, NUM_COMMITTED, RING_START, PageLayout
 from ssmstate.plan import RequestId, StepPlan
 
 Tensor = torch.Tensor
@@ -131,7 +131,7 @@ class EngineSteps:
             return {}
         buf = self._row_cursor_buf[: page_ids.shape[0]]
         torch.index_select(self.cache.cursors.t(), 0, page_ids, out=buf)
-        return {"row_cursors": buf[:, :2].t(), "row_conv_shift": buf[:, 3]}
+        return {"row_cursors": buf[:, RING_START:NUM_COMMITTED + 1].t(), "row_conv_shift": buf[:, CONV_SHIFT]}
 
     def _require_no_open_step(self) -> None:
         if self._open is not None:

@@ -19,9 +19,11 @@ from ssmstate.geometry import Mamba2Geometry
 
 Scheme = Literal["replay", "native"]
 
-#: int32 cursors per page: ring_start, num_committed, pending, conv_shift (replay);
-#: state_slot, pending, conv_shift and one spare int for alignment (native).
+#: int32 cursors per page, one row each of ``StateCache.cursors``: ring_start, num_committed, pending, conv_shift
+#: (replay); the native scheme keeps its state slot in row 0 and leaves row 1 unused.
 CURSORS_PER_PAGE = 4
+RING_START, NUM_COMMITTED, PENDING, CONV_SHIFT = range(CURSORS_PER_PAGE)
+STATE_SLOT = RING_START
 CURSOR_BYTES_PER_PAGE = CURSORS_PER_PAGE * 4
 #: Per-layer tensor of an 8-bit checkpoint's fp32 decode scales, (H, P) per page (FlashInfer's state_scale).
 SCALE_NAME = "checkpoint_scale"

@@ -249,13 +249,9 @@ def replay_verify(
 
 def check_row_cursors_shape(row_cursors: object, rows: int, device: torch.device) -> None:
     """``ShapeError`` unless ``row_cursors`` is a (2, rows) int32 tensor on ``device`` (no sync)."""
-    from ssmstate.errors import ShapeError
+    from ssmstate.checks import check_tensor
 
-    if not (isinstance(row_cursors, Tensor) and row_cursors.dtype == torch.int32
-            and tuple(row_cursors.shape) == (2, rows) and row_cursors.device == device):
-        got = (f"{tuple(row_cursors.shape)} {row_cursors.dtype} on {row_cursors.device}"
-               if isinstance(row_cursors, Tensor) else type(row_cursors).__name__)
-        raise ShapeError(f"row_cursors must be a (2, {rows}) int32 tensor on {device}, got {got}")
+    check_tensor("row_cursors", row_cursors, (2, rows), (torch.int32,), device)
 
 
 def check_row_cursors(row_cursors: Tensor, ring_start: Tensor, num_committed: Tensor, page_ids: Tensor,
