@@ -88,3 +88,20 @@ def load(kernel_dir: str | Path) -> dict[str, types.ModuleType]:
     import importlib
 
     return {name: importlib.import_module(f"{OPS}.{name}") for name in ("causal_conv1d", "ssd_combined")}
+
+
+def first_configs_only() -> int:
+    """Keep only the first config of every ``@triton.autotune`` kernel among the loaded copies, so a test compiles
+    one build per kernel instead of tuning tens of them (the math is the same in every config: only the tiling
+    differs). Returns how many kernels were trimmed."""
+    from triton.runtime.autotuner import Autotuner
+
+    trimmed = 0
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith(OPS + "."):
+            continue
+        for obj in vars(mod).values():
+            if isinstance(obj, Autotuner) and len(obj.configs) > 1:
+                obj.configs = obj.configs[:1]
+                trimmed += 1
+    return trimmed
