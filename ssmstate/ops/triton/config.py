@@ -204,9 +204,7 @@ def heuristic_shape(rows: int, H: int, P: int, N: int, R: int, T: int, dev: Devi
         return "split_lean" if lean else "split"
     if pipelined and not long_ring and long_grid:
         return "pipelined"
-    if long_ring:
-        return "one_head_long_ring"
-    return "one_head_lean" if dev.lean and programs <= _limit("lean_one_head_programs_per_sm") * sms else "one_head"
+    return "one_head_long_ring" if long_ring else "one_head"
 
 
 def quant_entry(rows: int, programs: int, sms: int, heads: int) -> dict[str, Any]:
