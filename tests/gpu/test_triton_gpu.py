@@ -51,7 +51,8 @@ def test_verify_nemotron(T, W, route, rows, n_pad):
 #: chunks, heads per pipelined program, register caps, TMA stores
 SHAPES = [dict(shape="base"), dict(shape="base", maxnreg=96), dict(shape="latency"),
           dict(shape="latency", BLOCK_P=32), dict(shape="latency", FOLD_N=128, TMA_STORE=1), dict(shape="one_head"),
-          dict(shape="one_head", maxnreg=128), dict(shape="one_head", KSPLIT=1), dict(shape="one_head_long_ring"), dict(shape="pipelined"),
+          dict(shape="one_head", maxnreg=128), dict(shape="one_head", KSPLIT=1),
+          dict(shape="one_head_long_ring"), dict(shape="pipelined"),
           dict(shape="pipelined", HEADS=4), dict(shape="pipelined", HEADS=8),
           dict(shape="pipelined", TMA_STORE=1), dict(shape="split"), dict(shape="split", TMA_STORE=1),
           dict(shape="split", PROGS=4, maxnreg=128), dict(shape="split_lean"), dict(shape="ldg"),
