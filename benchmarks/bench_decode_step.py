@@ -439,14 +439,15 @@ def print_table(rows: list[dict], variants: list[str], copy_tbps: float) -> None
 
 def markdown(paths: list[str]) -> str:
     """The docs/performance.md decode-step table from saved JSON files: µs per step (ratio vLLM pair ÷ variant,
-    % of copy bandwidth), the card of each file named."""
-    cols = ("ours", "ours_fused", "ours_unfused", "ours_unfused_pdl", "vllm_pair", "fi_backend", "native")
-    out = ["| card | model | batch | flush % | " + " | ".join(cols) + " |", "|---" * (4 + len(cols)) + "|"]
+    % of copy bandwidth), the card of each file named; a variant no row measured gets no column."""
     runs = []
     for path in paths:
         with open(path) as fh:
             res = json.load(fh)
         runs += res.get("runs", [res])  # a docs/results record holds one run per model under "runs"
+    cols = tuple(v for v in ("ours", "ours_fused", "ours_unfused", "ours_unfused_pdl", "vllm_pair", "fi_backend",
+                             "native") if any(f"{v}_us" in r for res in runs for r in res["rows"]))
+    out = ["| card | model | batch | flush % | " + " | ".join(cols) + " |", "|---" * (4 + len(cols)) + "|"]
     for res in runs:
         card = res["env"]["gpu"]
         for r in res["rows"]:
