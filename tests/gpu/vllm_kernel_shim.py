@@ -93,8 +93,8 @@ def load(kernel_dir: str | Path) -> dict[str, types.ModuleType]:
 def smallest_configs_only() -> int:
     """Keep only the smallest-tiled config (block sizes times pipeline stages) of every ``@triton.autotune`` kernel
     among the loaded copies, so a test compiles one build per kernel instead of tuning tens of them. The math is the
-    same in every config, only the tiling differs; the smallest fits any GPU's shared memory (the first of one
-    kernel's list needs 288 KB, more than an H100 has, and the tuner would drop it). Returns how many were trimmed."""
+    same in every config, only the tiling differs. The smallest, not the first: the first of one kernel's list needs
+    288 KB of shared memory, more than an H100 has (the tuner would have dropped it). Returns how many were trimmed."""
     import math
 
     from triton.runtime.autotuner import Autotuner
