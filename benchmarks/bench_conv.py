@@ -42,8 +42,9 @@ from ssmstate.layout import conv_spec  # noqa: E402
 
 KCONV, K = 4, 3
 T = K + 1
-#: conv channels (Nemotron-H-8B's; --cpu-smoke: a toy size) and the device
-DC, DEV = 10240, "cuda"
+#: conv channels (Nemotron-H-8B's; --cpu-smoke: a toy size); the device and the timer are bench_verify's (bv.DEV,
+#: bv.SMOKE)
+DC = 10240
 
 
 def buffers(rows: int, layers: int, order: str, gen: torch.Generator) -> list[dict]:
@@ -52,25 +53,16 @@ def buffers(rows: int, layers: int, order: str, gen: torch.Generator) -> list[di
     width = KCONV - 1 + (T if order != "vllm" else K)
     out = []
     for _ in range(layers):
+        bf16 = dict(device=bv.DEV, dtype=torch.bfloat16)
         if order == "columns":
-            win = torch.randn(rows + 1, DC, width, generator=gen).to(device=DEV, dtype=torch.bfloat16)
+            win = torch.randn(rows + 1, DC, width, generator=gen).to(**bf16)
         elif order == "channels":
-            win = conv_spec(DC, width, torch.bfloat16).zeros(rows + 1, DEV).copy_(torch.randn(rows + 1, DC, width,
-                                                                                             generator=gen))
+            win = conv_spec(DC, width, torch.bfloat16).zeros(rows + 1, bv.DEV).copy_(
+                torch.randn(rows + 1, DC, width, generator=gen))
         else:
-            win = torch.randn(rows + 1, width, DC, generator=gen).transpose(1, 2).to(device=DEV, dtype=torch.bfloat16)
+            win = torch.randn(rows + 1, width, DC, generator=gen).transpose(1, 2).to(**bf16)
         out.append({"win": win})
     return out
-
-
-def time_calls(calls, reps: int) -> float:
-    """µs per call: one CUDA graph of the calls (``bench_verify``'s timer), or on CPU a plain loop."""
-    if DEV == "cuda":
-        return bv.time_calls(calls, reps)
-    t0 = time.perf_counter()
-    for f in calls:
-        f()
-    return (time.perf_counter() - t0) * 1e6 / len(calls)
 
 
 def bench_batch(rows: int, warps: list[int], vconv, l2: int, reps: int) -> dict:
@@ -79,16 +71,16 @@ def bench_batch(rows: int, warps: list[int], vconv, l2: int, reps: int) -> dict:
     gen = torch.Generator().manual_seed(rows)
     rng = random.Random(rows)
     per_layer = (rows + 1) * DC * (KCONV - 1 + T) * 2 + 2 * rows * T * DC * 2
-    layers = max(16, -(-4 * l2 // per_layer)) if DEV == "cuda" else 2
-    xbc = torch.randn(rows * T, DC, generator=gen).to(device=DEV, dtype=torch.bfloat16)
+    layers = max(16, -(-4 * l2 // per_layer)) if bv.DEV == "cuda" else 2
+    xbc = torch.randn(rows * T, DC, generator=gen).to(device=bv.DEV, dtype=torch.bfloat16)
     out = torch.empty_like(xbc)
-    weight = (torch.randn(DC, KCONV, generator=gen) * 0.3).to(DEV)
-    bias = (torch.randn(DC, generator=gen) * 0.1).to(DEV)
-    ids = torch.arange(1, rows + 1, dtype=torch.int32, device=DEV)
-    cu = torch.arange(0, rows * T + 1, T, dtype=torch.int32, device=DEV)
+    weight = (torch.randn(DC, KCONV, generator=gen) * 0.3).to(bv.DEV)
+    bias = (torch.randn(DC, generator=gen) * 0.1).to(bv.DEV)
+    ids = torch.arange(1, rows + 1, dtype=torch.int32, device=bv.DEV)
+    cu = torch.arange(0, rows * T + 1, T, dtype=torch.int32, device=bv.DEV)
     accepted = [bv.draw_accepted(rng, T) for _ in range(rows)]
-    shift = torch.tensor([0] + [T - a for a in accepted], dtype=torch.int32, device=DEV)
-    num_acc = torch.tensor(accepted, dtype=torch.int32, device=DEV)
+    shift = torch.tensor([0] + [T - a for a in accepted], dtype=torch.int32, device=bv.DEV)
+    num_acc = torch.tensor(accepted, dtype=torch.int32, device=bv.DEV)
     row = {"batch": rows, "layers": layers}
 
     def ours(bufs, cfg: dict | None = None):
@@ -100,22 +92,22 @@ def bench_batch(rows: int, warps: list[int], vconv, l2: int, reps: int) -> dict:
         return [call(b) for b in bufs]
 
     bufs = buffers(rows, layers, "channels", gen)
-    row["ours_us"] = time_calls(ours(bufs), reps)
+    row["ours_us"] = bv.time_calls(ours(bufs), reps)
     for w in warps:
-        row[f"ours_w{w}_us"] = time_calls(ours(bufs, {"num_warps": w}), reps)
+        row[f"ours_w{w}_us"] = bv.time_calls(ours(bufs, {"num_warps": w}), reps)
     del bufs
     bufs = buffers(rows, layers, "columns", gen)
-    row["ours_colmajor_us"] = time_calls(ours(bufs), reps)
+    row["ours_colmajor_us"] = bv.time_calls(ours(bufs), reps)
     del bufs
     if vconv is not None:
         bufs = buffers(rows, layers, "vllm", gen)
         calls = [lambda b=b: vconv(xbc, b["win"], weight, bias, "silu", conv_state_indices=ids,
                                    num_accepted_tokens=num_acc, query_start_loc=cu, max_query_len=T, out=out)
                  for b in bufs]
-        row["vllm_us"] = time_calls(calls, reps)
+        row["vllm_us"] = bv.time_calls(calls, reps)
         row["vllm_vs_ours"] = row["vllm_us"] / row["ours_us"]
         del bufs
-    if DEV == "cuda":
+    if bv.DEV == "cuda":
         torch.cuda.empty_cache()
     return row
 
@@ -129,14 +121,15 @@ def main() -> None:
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="ours only, on CPU under TRITON_INTERPRET=1, 64 channels, batches 1 and 2")
     args = ap.parse_args()
-    global DC, DEV
+    global DC
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"
-        DC, DEV, args.batches, args.warps = 64, "cpu", "1,2", "1"
+        DC, args.batches, args.warps = 64, "1,2", "1"
+        bv.DEV, bv.SMOKE = "cpu", True
     elif not torch.cuda.is_available():
         sys.exit("bench_conv.py needs a CUDA GPU (or --cpu-smoke)")
     t0 = time.time()
-    if DEV == "cuda":
+    if bv.DEV == "cuda":
         props = torch.cuda.get_device_properties(0)
         name, l2 = props.name, getattr(props, "L2_cache_size", 50 * 2 ** 20) or 50 * 2 ** 20
         vconv = load_vllm_conv()
