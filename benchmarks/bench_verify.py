@@ -67,7 +67,7 @@ ACCEPT_P = 0.7
 #: launches tried by --sweep: every named launch shape of the TMA kernel (``launch_table.json``) and the portable
 #: kernel's streamed one, each as :func:`ssmstate.ops.triton.override` takes it (a shape the batch cannot take, such
 #: as the split launches past 1,024 rows, is recorded as failed)
-SWEEP = [{"shape": s} for s in ("latency", "one_head", "split", "split_lean", "pipelined", "ldg_stream")]
+SWEEP = [{"shape": s} for s in ("latency", "one_head", "split", "pipelined", "ldg_stream")]
 
 
 def split_config(cfg: dict | None, default_rc: int) -> tuple[dict | None, bool]:

@@ -396,7 +396,7 @@ def test_tma_split_launch(route):
                      act_dtype=torch.bfloat16)
     want = run_verify(ref.replay_verify, case)
     for cfg in ({"shape": "split", "BLOCK_P": 16, "PROGS": 5}, {"shape": "split", "BLOCK_P": 32, "PROGS": 3},
-                {"shape": "split_lean", "BLOCK_P": 16, "PROGS": 7, "FOLD_N": 8},
+                {"shape": "split", "BLOCK_P": 16, "PROGS": 7, "maxnreg": 0, "FOLD_N": 8},
                 {"shape": "split", "BLOCK_P": 32, "PROGS": 7, "KSPLIT": 0}):
         compare_verify(case, run_launch(case, cfg), want, out_tol=TOL[torch.bfloat16], state_tol=TOL[torch.float32])
 

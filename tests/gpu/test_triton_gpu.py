@@ -55,7 +55,7 @@ SHAPES = [dict(shape="base"), dict(shape="base", maxnreg=96), dict(shape="latenc
           dict(shape="one_head_long_ring"), dict(shape="pipelined"),
           dict(shape="pipelined", HEADS=4), dict(shape="pipelined", HEADS=8),
           dict(shape="pipelined", TMA_STORE=1), dict(shape="split"), dict(shape="split", TMA_STORE=1),
-          dict(shape="split", PROGS=4, maxnreg=128), dict(shape="split_lean"), dict(shape="ldg"),
+          dict(shape="split", PROGS=4, maxnreg=128), dict(shape="split", PROGS=2, maxnreg=0), dict(shape="ldg"),
           dict(shape="ldg", BLOCK_P=16), dict(shape="ldg", BLOCK_P=64, FOLD_N=64), dict(shape="ldg_stream"),
           dict(shape="ldg_stream", NC=64, maxnreg=80)]
 
@@ -70,7 +70,8 @@ def test_verify_configs(cfg):
 
 
 @pytest.mark.parametrize("route", ["mixed", "nonflush"])
-@pytest.mark.parametrize("cfg", [dict(shape="split"), dict(shape="split", TMA_STORE=1), dict(shape="split_lean"),
+@pytest.mark.parametrize("cfg", [dict(shape="split"), dict(shape="split", TMA_STORE=1),
+                                 dict(shape="split", PROGS=2, maxnreg=0),
                                  dict(shape="split", FOLD_N=128)], ids=launch_id)
 def test_verify_split_batch64(cfg, route):
     """The split launches at batch 64: every one of the non-flush launch's 396 programs' shares spans rows and groups

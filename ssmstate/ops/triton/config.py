@@ -200,8 +200,8 @@ def heuristic_shape(rows: int, H: int, P: int, N: int, R: int, T: int, dev: Devi
     lean = pipelined and not long_ring and many and dev.lean
     if programs <= sms:
         return "latency"
-    if pipelined and many and rows <= _limit("split_max_rows") and not (lean and long_grid):
-        return "split_lean" if lean else "split"
+    if pipelined and many and rows <= _limit("split_max_rows") and not lean:
+        return "split"
     if pipelined and not long_ring and long_grid:
         return "pipelined"
     return "one_head_long_ring" if long_ring else "one_head"
