@@ -40,12 +40,15 @@ Run (repo root, GPU): ``python benchmarks/bench_decode_step.py --json decode_ste
 ``import flashinfer`` (tools/fi_env.sh), vLLM's conv an installed vLLM or its kernel sources
 (``SSMSTATE_VLLM_KERNELS``, tests/gpu/copy_vllm_kernels.py). ``--cpu-smoke`` runs the ours variants end to end on
 CPU under the Triton interpreter at toy sizes (timings meaningless). ``--warm MODEL:KERNEL`` only JIT-builds one
-FlashInfer kernel (``ckpt`` or ``ssu``) for a model, for a background prebuild.
+FlashInfer kernel (``ckpt`` or ``ssu``) for a model, for a background prebuild. ``--launch JSON`` captures the
+variants on our Triton backend under a verify launch override (``ssmstate.ops.triton.override`` keys), to time a
+launch the table does not pick over a whole step; the JSON records it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -69,6 +72,8 @@ VARIANTS = ("ours", "ours_fused", "ours_unfused", "vllm_pair", "fi_backend", "na
 EXTRA = ("ours_fused_pdl", "ours_unfused_pdl", "diag_vllmconv_oursverify", "diag_oursconv_fiverify")
 K, W = 3, 16
 log = bv.log
+#: --launch: a verify launch override (ssmstate.ops.triton.override keys) for every variant on the "triton" backend
+LAUNCH: dict = {}
 
 
 def load_vllm_conv():
@@ -208,11 +213,15 @@ def manager_step(variant: str, g, rows: int, inp: Inputs, fi_backend, vconv, l2:
             x, B, C = split_xbc(co, H, P, Gg, N)
             m.verify(lay, plan, x, inp.dt, B, C, inp.A, D=inp.D, dt_bias=inp.dt_bias, out=inp.y)
 
+    def launch_override():  # the graph keeps the launches chosen while it is captured
+        return override(**LAUNCH) if LAUNCH and name == "triton" else contextlib.nullcontext()
+
     if bv.SMOKE:
         def run(a: torch.Tensor, p: torch.Tensor) -> float:
             t0 = time.perf_counter()
             plan = m.begin_step(ids, T)
-            body(plan)
+            with launch_override():
+                body(plan)
             m.commit(plan, a.tolist())
             return (time.perf_counter() - t0) * 1e6
         return run, lambda: None
@@ -221,7 +230,8 @@ def manager_step(variant: str, g, rows: int, inp: Inputs, fi_backend, vconv, l2:
 
     dsg = DecodeStepGraph(m, rows, T, body, acc)
     acc.fill_(1)
-    dsg.capture(ids)
+    with launch_override():
+        dsg.capture(ids)
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def run(a: torch.Tensor, p: torch.Tensor) -> float:
@@ -505,6 +515,9 @@ def main() -> None:
     ap.add_argument("--extra-batches", default=None,
                     help=f"run the extra variants ({', '.join(EXTRA)}) only at these batches (default: every batch)")
     ap.add_argument("--no-flashinfer", action="store_true")
+    ap.add_argument("--launch", default=None,
+                    help="JSON verify launch override (ssmstate.ops.triton.override keys, e.g. '{\"shape\": "
+                         "\"one_head\"}') for the variants on our Triton backend")
     ap.add_argument("--warm", default=None, help="only JIT-build FlashInfer's kernel MODEL:ckpt|ssu, then exit")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="the ours variants end to end on CPU under TRITON_INTERPRET=1, toy sizes, 2 layers")
@@ -516,12 +529,18 @@ def main() -> None:
     if args.warm:
         return warm(args.warm)
     t0 = time.time()
+    if args.launch:
+        LAUNCH.update(json.loads(args.launch))
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"
         bv.DEV, bv.SMOKE = "cpu", True
         args.no_flashinfer = True
     elif not torch.cuda.is_available():
         sys.exit("bench_decode_step.py needs a CUDA GPU (or --cpu-smoke)")
+    if LAUNCH:  # refused here (ConfigError), not per variant after minutes of set-up
+        from ssmstate.ops.triton import override
+        with override(**LAUNCH):
+            pass
     smoke = lambda s, full: s if args.cpu_smoke else full  # noqa: E731
     batches = [int(b) for b in (args.batches or smoke("1,2", "1,2,4,8,16,32,64,128,256")).split(",")]
     args.steps = args.steps or smoke(2, 40)
@@ -539,6 +558,7 @@ def main() -> None:
         name, l2 = props.name, getattr(props, "L2_cache_size", 50 * 2 ** 20) or 50 * 2 ** 20
     env = {"gpu": name, "l2_bytes": l2, "torch": torch.__version__, "triton": triton.__version__,
            "flashinfer": fi_version, "python": platform.python_version(), "command": " ".join(sys.argv),
+           "launch": LAUNCH or None,
            "mix": {"K": K, "W": W, "accept_p": bv.ACCEPT_P, "steps": args.steps, "warm_steps": args.warm_steps}}
     log(json.dumps(env))
     copy_tbps = bv.copy_bandwidth()

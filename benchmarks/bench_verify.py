@@ -404,27 +404,35 @@ def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbp
     return rows
 
 
-def fi_bench(fi, pool: Pool, layout: PageLayout, b: int, sets, scen, set_c, row: dict, args) -> None:
+def fi_caller(pool: Pool, b: int, T: int, W: int, out: torch.Tensor | None = None):
+    """``call(ids, algorithm) -> fn``: FlashInfer's checkpointing_ssu on the pool's pages for ``b`` rows of ``T``
+    tokens, as every FlashInfer figure of these benchmarks calls it (the pool's decode scales with an 8-bit
+    checkpoint; ``out``: (b * T, H, P), default the pool's; algorithm ``"tuned"``: none given, the autotuner's)."""
     from flashinfer.mamba import allocate_checkpointing_ssu_scratch, checkpointing_ssu
 
-    T, W = layout.spec.num_tokens, layout.spec.window
     L = b * T
-    act = layout.geometry.act_dtype
+    act = pool.x.dtype
     x = pool.x[:L].view(b, T, H, P)
     dt = pool.dt[:L].view(b, T, H, 1).expand(b, T, H, P)
     Bm, Cm = pool.B[:L].view(b, T, G, N), pool.C[:L].view(b, T, G, N)
-    out = pool.out[:L].view(b, T, H, P)
+    ov = (pool.out[:L] if out is None else out).view(b, T, H, P)
     A = pool.A[:, None, None].expand(H, P, N)
     D = pool.D.to(act)[:, None].expand(H, P)
     dtb = pool.dt_bias.to(act)[:, None].expand(H, P)
     scratch = allocate_checkpointing_ssu_scratch(b, H, T, W, act, torch.device(DEV))
+    scale = {} if pool.scale is None else {"state_scale": pool.scale}
 
     def call(ids, algo):
         kw = {} if algo == "tuned" else {"algorithm": algo}
-        return lambda: checkpointing_ssu(pool.ck, pool.xr, pool.Br, pool.dtr, pool.rs, pool.nc, x, dt, A, Bm, Cm, out,
+        return lambda: checkpointing_ssu(pool.ck, pool.xr, pool.Br, pool.dtr, pool.rs, pool.nc, x, dt, A, Bm, Cm, ov,
                                          D=D, dt_bias=dtb, dt_softplus=True, state_batch_indices=ids, pad_slot_id=0,
-                                         cb_scaled=scratch[0], cumAdt_vec=scratch[1], cb_old=scratch[2], **kw)
+                                         cb_scaled=scratch[0], cumAdt_vec=scratch[1], cb_old=scratch[2], **scale,
+                                         **kw)
+    return call
 
+
+def fi_bench(fi, pool: Pool, layout: PageLayout, b: int, sets, scen, set_c, row: dict, args) -> None:
+    call = fi_caller(pool, b, layout.spec.num_tokens, layout.spec.window)
     for name in ("nonflush", "flush", "mixed"):
         set_c(scen[name])
         for algo in ("auto", "monolith"):

@@ -43,7 +43,7 @@ from ssmstate import Mamba2Geometry, PageLayout, SpecConfig  # noqa: E402
 DTYPES = {"fp32": torch.float32, "int8": torch.int8, "fp8": torch.float8_e4m3fn}
 FI_ALGOS = ("monolith", "auto", "two-kernel")
 #: --sweep: every named launch shape, and the one-head launch under other register caps (its 96 spill on 8-bit tiles)
-SWEEP = [{"shape": s} for s in ("latency", "one_head", "pipelined", "split", "split_lean", "ldg", "ldg_stream")] + [
+SWEEP = [{"shape": s} for s in ("latency", "one_head", "pipelined", "split", "ldg", "ldg_stream")] + [
     {"shape": "one_head", "maxnreg": 128}, {"shape": "one_head", "maxnreg": 0}, {"shape": "split", "PROGS": 4},
     {"shape": "split", "maxnreg": 0}]
 
@@ -112,26 +112,7 @@ def bench_dtype(name: str, T: int, W: int, batches: list[int], fi, args, l2: int
 
 def fi_rows(fi, pool: bv.Pool, layout: PageLayout, b: int, sets, o, row: dict, args, c_nf: int) -> None:
     """FlashInfer's checkpointing_ssu on the pool's bytes and scales, each algorithm; the fastest is its figure."""
-    from flashinfer.mamba import allocate_checkpointing_ssu_scratch, checkpointing_ssu
-
-    H, P, N, G = bv.H, bv.P, bv.N, bv.G
-    T, W = layout.spec.num_tokens, layout.spec.window
-    L = b * T
-    act = layout.geometry.act_dtype
-    x = pool.x[:L].view(b, T, H, P)
-    dt = pool.dt[:L].view(b, T, H, 1).expand(b, T, H, P)
-    Bm, Cm = pool.B[:L].view(b, T, G, N), pool.C[:L].view(b, T, G, N)
-    ov = o.view(b, T, H, P)
-    A = pool.A[:, None, None].expand(H, P, N)
-    D = pool.D.to(act)[:, None].expand(H, P)
-    dtb = pool.dt_bias.to(act)[:, None].expand(H, P)
-    scratch = allocate_checkpointing_ssu_scratch(b, H, T, W, act, torch.device(bv.DEV))
-
-    def call(ids, algo):
-        return lambda: checkpointing_ssu(pool.ck, pool.xr, pool.Br, pool.dtr, pool.rs, pool.nc, x, dt, A, Bm, Cm, ov,
-                                         D=D, dt_bias=dtb, dt_softplus=True, state_batch_indices=ids, pad_slot_id=0,
-                                         state_scale=pool.scale, cb_scaled=scratch[0], cumAdt_vec=scratch[1],
-                                         cb_old=scratch[2], algorithm=algo)
+    call = bv.fi_caller(pool, b, layout.spec.num_tokens, layout.spec.window, out=o)
 
     pool.nc[1:] = c_nf
     times = {}
@@ -214,6 +195,9 @@ def main() -> None:
     ap.add_argument("--dtypes", default="fp32,int8,fp8")
     ap.add_argument("--reps", type=int, default=None, help="timed replays per figure (default 15)")
     ap.add_argument("--sweep", action="store_true", help="also time every named launch shape on the 8-bit pools")
+    ap.add_argument("--sweep-configs", default=None,
+                    help="JSON list of launch overrides (ssmstate.ops.triton.override keys) to sweep instead of SWEEP "
+                         "(implies --sweep)")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--cpu-smoke", action="store_true", help="CPU, Triton interpreter, toy sizes (CI smoke test)")
     ap.add_argument("--warm", default=None, choices=("int8", "fp8"),
@@ -224,6 +208,10 @@ def main() -> None:
     if args.warm:
         warm(args.warm)
         return
+    global SWEEP
+    if args.sweep_configs:
+        SWEEP = json.loads(args.sweep_configs)
+        args.sweep = True
     t0 = time.time()
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"

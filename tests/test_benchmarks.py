@@ -95,6 +95,23 @@ def test_bench_decode_step_cpu_smoke(tmp_path: Path) -> None:
     assert f"{got['rows'][0]['ours_unfused_us']:.1f}" in lines[2]
 
 
+def test_bench_decode_step_launch_override(tmp_path: Path) -> None:
+    """``--launch``: our variants captured under a verify launch override, recorded in the JSON; an unknown key is
+    refused with the override's own error before anything runs."""
+    out = tmp_path / "decode_step.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_decode_step.py"), "--cpu-smoke", "--batches", "1",
+           "--variants", "ours_unfused", "--json", str(out)]
+    res = subprocess.run(cmd + ["--launch", '{"shape": "base", "FOLD_N": 8}'], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert got["env"]["launch"] == {"shape": "base", "FOLD_N": 8} and got["rows"][0]["ours_unfused_us"] > 0
+    bad = subprocess.run(cmd + ["--launch", '{"FOLDN": 8}'], capture_output=True, text=True, env=env, cwd=ROOT,
+                         timeout=600)
+    assert bad.returncode != 0 and "unknown launch override keys ['FOLDN']" in bad.stderr
+
+
 def test_bench_conv_cpu_smoke(tmp_path: Path) -> None:
     """The conv benchmark on CPU under the Triton interpreter: ours on both storage orders, vLLM's skipped."""
     out = tmp_path / "conv.json"

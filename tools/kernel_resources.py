@@ -60,6 +60,7 @@ def capture(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, 
     pages = batch + 1
     bf = torch.bfloat16
     ck = torch.empty(pages, H, P, N, dtype=getattr(torch, state_dtype))
+    scale = torch.empty(pages, H, P) if ck.element_size() == 1 else None  # an 8-bit checkpoint's decode scales
     xr = torch.empty(pages, H, R, P, dtype=bf)
     Br = torch.empty(pages, G, R, N, dtype=bf)
     dtr = torch.empty(pages, H, R, dtype=torch.float32)
@@ -83,7 +84,7 @@ def capture(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, 
     gpu = ops.DeviceClass(compiled=True, sms=sms, gbps_per_sm=gbps_per_sm)
     with ops.override(device=gpu, **(config or {})):
         launches = ops.verify_launches(ck, xr, Br, dtr, rs, nc, x, dt, A, B, C, page_ids, cu, W, out, D=D,
-                                       dt_bias=dtb, z=z, row_cursors=rc, pdl=pdl)
+                                       dt_bias=dtb, z=z, row_cursors=rc, pdl=pdl, checkpoint_scale=scale)
     return [(k.kernel.fn.__name__, k.kernel, (k.grid, k.args, k.kwargs)) for k in launches]  # split: two
 
 
@@ -196,17 +197,18 @@ def shared_allocs(ttgir: str) -> list[dict]:
 
 
 def report(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, allocs: bool = False,
-           fused: bool = False, conv: bool = False) -> list[dict]:
+           fused: bool = False, conv: bool = False, state_dtype: str = "float32") -> list[dict]:
     """One row per kernel the launch runs (``fused``: the fused conv + verify kernel's; ``conv``: the conv
     update's)."""
     rows = []
     cap = capture_fused if fused else capture_conv if conv else capture
-    for name, fn, (grid, args, kwargs) in cap(batch, T, W, config, pdl):
+    for name, fn, (grid, args, kwargs) in cap(batch, T, W, config, pdl, state_dtype=state_dtype):
         k = compile_launch(fn, args, kwargs)
         md = k.metadata
         row = {
             "kernel": name, "batch": batch, "T": T, "W": W, "config": config or "heuristic",
             "grid": list(grid), "num_warps": md.num_warps, "shared_bytes": md.shared, "pdl": pdl,
+            "state_dtype": state_dtype,
         }
         row.update(resources(k.asm["cubin"]))
         row.update(sass_counts(k.asm["cubin"]))
@@ -229,12 +231,14 @@ def main() -> None:
                     help="the fused conv + verify kernel (configs: override(fused=...) fields, e.g. BLOCK_P)")
     ap.add_argument("--conv", action="store_true",
                     help="the conv update (configs: override(conv=...) fields, e.g. num_warps)")
+    ap.add_argument("--state-dtype", default="float32", choices=("float32", "bfloat16", "int8", "float8_e4m3fn"),
+                    help="the checkpoint's dtype (8-bit: with its decode scales)")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     a = ap.parse_args()
     configs = [json.loads(c) for c in a.config] or [None]
     rows = []
     for cfg in configs:
-        for row in report(a.batch, a.T, a.W, cfg, a.pdl, a.allocs, a.fused, a.conv):
+        for row in report(a.batch, a.T, a.W, cfg, a.pdl, a.allocs, a.fused, a.conv, a.state_dtype):
             rows.append(row)
             print(json.dumps(row), flush=True)
     if a.out:
