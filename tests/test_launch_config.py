@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
+import attrs
 import pytest
 import torch
 
@@ -39,7 +40,7 @@ def choose(rows: int, R: int = 20, T: int = 4, *, dev=H200, H: int = 128, P: int
 
 def test_the_table_names_every_shape_with_a_reason():
     shapes = config.table()["shapes"]
-    assert {"base", "latency", "one_head", "one_head_long_ring", "split", "pipelined", "ldg",
+    assert {"base", "latency", "one_head", "one_head_wide", "one_head_long_ring", "split", "pipelined", "ldg",
             "ldg_stream"} == set(shapes)
     for name, spec in shapes.items():
         assert spec["kernel"] in ("tma", "ldg") and len(spec["why"]) > 20, name
@@ -99,16 +100,19 @@ def test_tma_launch_heuristic_on_the_gpu():
                          ids=["h100", "unreported"])
 def test_tma_launch_heuristic_by_bandwidth_per_sm(dev):
     """As measured on the H100 80GB HBM3 (25.4 GB/s per SM, under ``lean_gbps_per_sm``): no split launches; one head
-    per program up to 15 group programs per SM (batch 248 at H=128), then the pipelined launch; batch 1-98 and W=32
-    as on the H200. A card that reports no bandwidth gets the H200's launches."""
-    batches = (1, 8, 64, 98, 99, 128, 247, 248, 256, 1024, 1025)
+    per program up to 15 group programs per SM (batch 248 at H=128), then the pipelined launch; at 2-8 programs per
+    SM (batch 2-8) one head per program under 128 registers instead of 96; batch 1, 9-98 and W=32 as on the H200. A
+    card that reports no bandwidth gets the H200's launches."""
+    batches = (1, 2, 4, 8, 9, 64, 98, 99, 128, 247, 248, 256, 1024, 1025)
     h200 = {rows: choose(rows) for rows in batches}
     got = {rows: choose(rows, dev=dev) for rows in batches}
     assert {rows: choose(rows, R=36, dev=dev) for rows in batches} == {rows: choose(rows, R=36) for rows in batches}
     if not dev.lean:
         assert got == h200
         return
-    assert {r: got[r] for r in (1, 8, 64, 98, 1025)} == {r: h200[r] for r in (1, 8, 64, 98, 1025)}
+    assert {r: got[r] for r in (1, 9, 64, 98, 1025)} == {r: h200[r] for r in (1, 9, 64, 98, 1025)}
+    for rows in (2, 4, 8):  # 256-1,024 programs: at most 8 per SM
+        assert got[rows] == attrs.evolve(h200[rows], shape="one_head_wide", maxnreg=128), rows
     for rows in (99, 128, 247):
         assert got[rows] == got[98] and got[rows].shape == "one_head", rows
     for rows in (248, 256, 1024):

@@ -204,7 +204,9 @@ def heuristic_shape(rows: int, H: int, P: int, N: int, R: int, T: int, dev: Devi
         return "split"
     if pipelined and not long_ring and long_grid:
         return "pipelined"
-    return "one_head_long_ring" if long_ring else "one_head"
+    if long_ring:
+        return "one_head_long_ring"
+    return "one_head_wide" if dev.lean and programs <= _limit("one_head_wide_programs_per_sm") * sms else "one_head"
 
 
 def quant_entry(rows: int, programs: int, sms: int, heads: int) -> dict[str, Any]:
