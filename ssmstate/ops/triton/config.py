@@ -197,10 +197,9 @@ def heuristic_shape(rows: int, H: int, P: int, N: int, R: int, T: int, dev: Devi
                  and block_tma * N * state_size == _limit("pipelined_tile_bytes"))
     long_grid = programs // _limit("pipelined_heads") >= _limit("pipelined_group_programs_per_sm") * sms
     many = programs >= _limit("split_heads_per_sm") * sms
-    lean = pipelined and not long_ring and many and dev.lean
     if programs <= sms:
         return "latency"
-    if pipelined and many and rows <= _limit("split_max_rows") and not lean:
+    if pipelined and many and rows <= _limit("split_max_rows") and (long_ring or not dev.lean):
         return "split"
     if pipelined and not long_ring and long_grid:
         return "pipelined"
