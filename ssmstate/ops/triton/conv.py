@@ -56,14 +56,16 @@ def _conv_update_kernel(
     page = tl.load(page_ptr + row).to(tl.int64)
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
-    if (page != 0) & (q > 0):
+    live = (page != 0) & (q > 0)
+    if ROW_SHIFT:  # gathered per row when the step began: in the page id's round trip, not one after it (volatile:
+        # the compiler may not sink the load past the branch on the page id, behind that round trip)
+        shift = tl.minimum(tl.maximum(tl.load(rshift_ptr + row * s_rs, volatile=True), 0), TMAX)
+    if live:
         offs_d = pid * BLOCK_D + tl.arange(0, BLOCK_D)
         md = offs_d < Dc
-        if ROW_SHIFT:  # gathered per row when the step began: loaded beside the page id, not after it
-            shift = tl.load(rshift_ptr + row * s_rs)
-        else:
+        if not ROW_SHIFT:
             shift = tl.load(shift_ptr + page)
-        shift = tl.minimum(tl.maximum(shift, 0), TMAX)  # a corrupted cursor stays in the window
+            shift = tl.minimum(tl.maximum(shift, 0), TMAX)  # a corrupted cursor stays in the window
         end = width - shift
         wbase = win_ptr + page * s_win_pg + offs_d[None, :].to(tl.int64) * s_win_d
         # y[t] = bias + sum_j w[:, j] * seq[t + j]: per tap, the (token, channel) tile of columns j .. j + BLOCK_T - 1
