@@ -4,12 +4,10 @@ A decode step's layer is a conv update, then the verify of its output. ``bench_d
 this script isolates the conv, so its part of a step's gap is measured directly. Per batch it times a CUDA graph
 of at least 16 conv updates over distinct layers' buffers (cold pages: more bytes than L2 between two reads of a
 layer), Nemotron-H-8B's conv (10,240 channels, kernel 4), bf16 window and activations, K = 3 drafts, every row
-verifying T = 4 tokens, rollback cursors from the acceptance draw of ``bench_verify.py``, bf16 weights and bias
-(the model's dtype, as a runner passes them):
+verifying T = 4 tokens, rollback cursors from the acceptance draw of ``bench_verify.py``:
 
 * ``ours``: :func:`ssmstate.ops.triton.conv_update` on the layout's window (pages, conv dim, k - 1 + T), stored
-  channel-contiguous, as :class:`~ssmstate.layout.PageLayout` allocates it, with each row's shift gathered when the
-  step began (``row_shift``, as the manager passes ``StepPlan.row_conv_shift``);
+  channel-contiguous, as :class:`~ssmstate.layout.PageLayout` allocates it;
 * ``ours_w<n>``: the same with ``n`` warps per program (``override(conv={"num_warps": n})``; the table's pick is
   ``ours``);
 * ``ours_colmajor``: the same kernel on a window stored with its columns contiguous (any strides are served; this
@@ -76,13 +74,12 @@ def bench_batch(rows: int, warps: list[int], vconv, l2: int, reps: int) -> dict:
     layers = max(16, -(-4 * l2 // per_layer)) if bv.DEV == "cuda" else 2
     xbc = torch.randn(rows * T, DC, generator=gen).to(device=bv.DEV, dtype=torch.bfloat16)
     out = torch.empty_like(xbc)
-    weight = (torch.randn(DC, KCONV, generator=gen) * 0.3).to(bv.DEV, torch.bfloat16)
-    bias = (torch.randn(DC, generator=gen) * 0.1).to(bv.DEV, torch.bfloat16)
+    weight = (torch.randn(DC, KCONV, generator=gen) * 0.3).to(bv.DEV)
+    bias = (torch.randn(DC, generator=gen) * 0.1).to(bv.DEV)
     ids = torch.arange(1, rows + 1, dtype=torch.int32, device=bv.DEV)
     cu = torch.arange(0, rows * T + 1, T, dtype=torch.int32, device=bv.DEV)
     accepted = [bv.draw_accepted(rng, T) for _ in range(rows)]
     shift = torch.tensor([0] + [T - a for a in accepted], dtype=torch.int32, device=bv.DEV)
-    row_shift = shift[ids.long()]  # each row's page's shift, as the step's gather leaves it
     num_acc = torch.tensor(accepted, dtype=torch.int32, device=bv.DEV)
     row = {"batch": rows, "layers": layers}
 
@@ -90,7 +87,7 @@ def bench_batch(rows: int, warps: list[int], vconv, l2: int, reps: int) -> dict:
         def call(b):
             def run():
                 with trk.override(conv=cfg) if cfg else contextlib.nullcontext():
-                    trk.conv_update(b["win"], shift, xbc, weight, bias, ids, cu, out, row_shift=row_shift)
+                    trk.conv_update(b["win"], shift, xbc, weight, bias, ids, cu, out)
             return run
         return [call(b) for b in bufs]
 
