@@ -9,7 +9,7 @@ column is one run of contiguous channels: each thread loads and stores 16 bytes 
 channels per column, and every product of a tap and a column is a register
 product in that layout (no shuffles, no shared memory). After every load (and a
 barrier, as the window is updated in place) the program stores the last ``k - 1 + q``
-columns right-aligned, then the ``q`` outputs. Padding rows (page 0) load and store nothing.
+columns right-aligned, then the ``q`` outputs. Padding rows (page 0) are skipped.
 """
 
 from __future__ import annotations
@@ -53,46 +53,42 @@ def _conv_update_kernel(
         # next kernel (the layer's verify) launch, so its early reads never overlap a kernel before this one
         pdl_wait()
     row = tl.program_id(1)
-    if ROW_SHIFT:  # gathered per row when the step began: in the page id's round trip, not one after it
-        rshift = tl.load(rshift_ptr + row * s_rs)
     page = tl.load(page_ptr + row).to(tl.int64)
     lo = tl.load(cu_ptr + row)
     q = tl.load(cu_ptr + row + 1) - lo
-    # no branch on the row: a padding row (page 0) or an empty one masks every load and store off instead. A
-    # branch on the page id would let the compiler sink the gathered shift's load behind it, one dependent round
-    # trip before the window's loads, which then wait for two
-    live = (page != 0) & (q > 0)
-    if ROW_SHIFT:
-        shift = rshift
-    else:
-        shift = tl.load(shift_ptr + page, mask=live, other=0)
-    shift = tl.minimum(tl.maximum(shift, 0), TMAX)  # a corrupted cursor stays in the window
-    end = width - shift
-    offs_d = pid * BLOCK_D + tl.arange(0, BLOCK_D)
-    md = (offs_d < Dc) & live
-    wbase = win_ptr + page * s_win_pg + offs_d[None, :].to(tl.int64) * s_win_d
-    # y[t] = bias + sum_j w[:, j] * seq[t + j]: per tap, the (token, channel) tile of columns j .. j + BLOCK_T - 1
-    # (re-read from L1), so every product stays in the columns' own register layout
-    tt = tl.arange(0, BLOCK_T)
-    y = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + offs_d, mask=md, other=0.0).to(tl.float32)[None, :]
-    for j in tl.static_range(KW + 1):
-        tap = tl.load(w_ptr + offs_d * s_w_d + j * s_w_k, mask=md, other=0.0).to(tl.float32)
-        y += tap[None, :] * _seq_tile(wbase, x_ptr, j + tt, end, lo, q, offs_d, md, s_win_c, s_x_t, s_x_d, KW)
-    if SILU:
-        y = y * tl.sigmoid(y)
-    # new window: the last KW + q sequence columns, right-aligned. Every load comes before the first store: the
-    # window is updated in place, and ``out`` may be ``xBC`` itself (as in the reference)
-    ll = tl.arange(0, BLOCK_L)
-    seq = _seq_tile(wbase, x_ptr, ll, end, lo, q, offs_d, md, s_win_c, s_x_t, s_x_d, KW)
-    seq = seq.to(win_ptr.dtype.element_ty)
-    dst = width - (KW + q) + ll
-    keep = (ll < KW + q) & (dst >= 0)
-    tl.debug_barrier()
-    tl.store(wbase + dst[:, None] * s_win_c, seq, mask=keep[:, None] & md[None, :])
-    tl.store(out_ptr + (lo + tt).to(tl.int64)[:, None] * s_o_t + offs_d[None, :].to(tl.int64) * s_o_d,
-             y.to(out_ptr.dtype.element_ty), mask=(tt < q)[:, None] & md[None, :])
+    if (page != 0) & (q > 0):
+        offs_d = pid * BLOCK_D + tl.arange(0, BLOCK_D)
+        md = offs_d < Dc
+        if ROW_SHIFT:  # gathered per row when the step began: loaded beside the page id, not after it
+            shift = tl.load(rshift_ptr + row * s_rs)
+        else:
+            shift = tl.load(shift_ptr + page)
+        shift = tl.minimum(tl.maximum(shift, 0), TMAX)  # a corrupted cursor stays in the window
+        end = width - shift
+        wbase = win_ptr + page * s_win_pg + offs_d[None, :].to(tl.int64) * s_win_d
+        # y[t] = bias + sum_j w[:, j] * seq[t + j]: per tap, the (token, channel) tile of columns j .. j + BLOCK_T - 1
+        # (re-read from L1), so every product stays in the columns' own register layout
+        tt = tl.arange(0, BLOCK_T)
+        y = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)
+        if HAS_BIAS:
+            y += tl.load(b_ptr + offs_d, mask=md, other=0.0).to(tl.float32)[None, :]
+        for j in tl.static_range(KW + 1):
+            tap = tl.load(w_ptr + offs_d * s_w_d + j * s_w_k, mask=md, other=0.0).to(tl.float32)
+            y += tap[None, :] * _seq_tile(wbase, x_ptr, j + tt, end, lo, q, offs_d, md, s_win_c, s_x_t, s_x_d, KW)
+        if SILU:
+            y = y * tl.sigmoid(y)
+        # new window: the last KW + q sequence columns, right-aligned. Every load comes before the first store: the
+        # window is updated in place, and ``out`` may be ``xBC`` itself (as in the reference)
+        ll = tl.arange(0, BLOCK_L)
+        seq = _seq_tile(wbase, x_ptr, ll, end, lo, q, offs_d, md, s_win_c, s_x_t, s_x_d, KW)
+        seq = seq.to(win_ptr.dtype.element_ty)
+        dst = width - (KW + q) + ll
+        keep = (ll < KW + q) & (dst >= 0)
+        tl.debug_barrier()
+        tl.store(wbase + dst[:, None] * s_win_c, seq, mask=keep[:, None] & md[None, :])
+        tl.store(out_ptr + (lo + tt).to(tl.int64)[:, None] * s_o_t + offs_d[None, :].to(tl.int64) * s_o_d,
+                 y.to(out_ptr.dtype.element_ty), mask=(tt < q)[:, None] & md[None, :])
+
 
 def conv_launch(
     conv_window: Tensor,
