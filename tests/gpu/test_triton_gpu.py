@@ -412,7 +412,7 @@ def test_cuda_graph_decode_step():
 # -- programmatic dependent launch (TritonBackend(pdl=True)) ---------------------------------
 
 
-@pytest.mark.parametrize("rows", [1, 40, 160])  # the batch-1 launch, the one-head launch, SPLIT's two launches
+@pytest.mark.parametrize("rows", [1, 2, 40, 160])  # tile copies before the wait (1-2), one head, SPLIT's two
 def test_cuda_graph_decode_step_pdl(rows):
     """A captured step whose convs and verifies launch as programmatic dependents (``backend_options={"pdl":
     True}``): outputs, states and cursors bit-identical to the same step without PDL, and close to the reference,

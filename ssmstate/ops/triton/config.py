@@ -263,10 +263,11 @@ def choose_launch(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
 
 def pdl_tile(launch: Launch, programs: int, sms: int) -> int:
     """With ``pdl=True``, what of the checkpoint goes out before the wait: 2 the first tile's TMA copy (one head per
-    program and at most one program per SM), 1 its read into L2 (from ``pdl_tile_l2_programs_per_sm``), else 0."""
+    program, up to ``pdl_tile_copy_programs_per_sm``), 1 its read into L2 (from ``pdl_tile_l2_programs_per_sm``),
+    else 0."""
     if not launch.early:
         return 0
-    if programs <= sms:
+    if programs <= _limit("pdl_tile_copy_programs_per_sm") * sms:
         return 2
     return 1 if programs >= _limit("pdl_tile_l2_programs_per_sm") * sms else 0
 
