@@ -8,7 +8,9 @@ of the accepted counts: what a speculative-decoding runner adds to the model's m
 * ``ours``: ``StateManager.conv_verify`` per layer as the vLLM plugin calls it ("triton" backend, default options: the
   launch table picks the fused kernel or the conv + verify pair, and for the pair programmatic dependent launch)
   + commit;
-* ``ours_fused``: ``StateManager.conv_verify`` forced onto the fused layer kernel + commit;
+* ``ours_fused``: ``StateManager.conv_verify`` forced onto the fused layer kernel + commit (the TMA verify kernel
+  with its conv; extras: ``ours_fused_pdl`` launched as programmatic dependents, ``ours_fused_portable`` the portable
+  fused kernel);
 * ``ours_unfused``: ``StateManager.conv`` then ``verify`` per layer ("triton", no PDL) + commit;
 * ``vllm_pair``: vLLM's built-in ReplaySSM pair: vLLM's Triton ``causal_conv1d_update`` on its own conv state
   (``(blocks, K + k - 1, conv_dim)`` stored, passed transposed, ``num_accepted_tokens`` = the last step's counts)
@@ -69,7 +71,8 @@ MODELS = ("nemotron-h-8b", "nemotron-3-nano-30b-a3b")
 VARIANTS = ("ours", "ours_fused", "ours_unfused", "vllm_pair", "fi_backend", "native")
 #: more variants ``--variants`` takes: ours with programmatic dependent launch, and the two cross pairs that split
 #: a gap between ours and vLLM's pair into its conv and verify parts (vLLM's conv + our verify; our conv + FlashInfer)
-EXTRA = ("ours_fused_pdl", "ours_unfused_pdl", "diag_vllmconv_oursverify", "diag_oursconv_fiverify")
+EXTRA = ("ours_fused_pdl", "ours_fused_portable", "ours_unfused_pdl",
+         "diag_vllmconv_oursverify", "diag_oursconv_fiverify")
 K, W = 3, 16
 log = bv.log
 #: --launch: a verify launch override (ssmstate.ops.triton.override keys) for every variant on the "triton" backend
@@ -197,7 +200,8 @@ def manager_step(variant: str, g, rows: int, inp: Inputs, fi_backend, vconv, l2:
                               out=inp.y)
                 continue
             if variant.startswith("ours_fused"):  # the fused kernel is off by default (launch table): force it
-                with override(fused={"MAX_ROWS": 1 << 20}):
+                fused = {"MAX_ROWS": 1 << 20, **({"TMA": 0} if variant == "ours_fused_portable" else {})}
+                with override(fused=fused):
                     m.conv_verify(lay, plan, inp.xBC, inp.dt, inp.A, inp.weight, inp.bias, D=inp.D,
                                   dt_bias=inp.dt_bias, out=inp.y)
                 continue

@@ -35,7 +35,7 @@ from tests.conv_verify_cases import compare_conv_verify, make_conv_case, run_con
 @pytest.fixture(autouse=True)
 def fused_at_every_batch():
     """The manager's triton ``conv_verify`` takes the fused kernel here whatever the table's ``fused.max_rows``."""
-    with ot.override(fused={"MAX_ROWS": 1 << 20}):
+    with ot.override(fused={"MAX_ROWS": 1 << 20, "TMA": 1}):
         yield
 
 
@@ -57,7 +57,9 @@ def conv_cases(draw):
         state_dtype=draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16])),
         act_dtype=draw(st.sampled_from([torch.float32, torch.bfloat16])),
         extras=draw(st.booleans()), bias=draw(st.booleans()), activation=draw(st.sampled_from(["silu", None])),
-        empty_row=draw(st.booleans()), config=draw(st.sampled_from([None, {"BLOCK_P": 8, "FOLD_N": 8}, {"HPP": 1}])),
+        empty_row=draw(st.booleans()),
+        config=draw(st.sampled_from([{"TMA": 1}, {"TMA": 0}, {"TMA": 0, "BLOCK_P": 8, "FOLD_N": 8},
+                                     {"TMA": 0, "HPP": 1}])),
         seed=draw(st.integers(0, 2**16)),
     )
 
@@ -65,38 +67,90 @@ def conv_cases(draw):
 @settings(max_examples=25, **SETTINGS)
 @given(conv_cases())
 @example(dict(H=2, G=1, P=16, N=16, W=8, T=4, k=4, rows=4, n_pad=1, route="mixed", state_dtype=torch.float32,
-              act_dtype=torch.bfloat16, extras=True, bias=True, activation="silu", empty_row=True, config=None,
+              act_dtype=torch.bfloat16, extras=True, bias=True, activation="silu", empty_row=True, config={"TMA": 1},
               seed=1))
 @example(dict(H=4, G=2, P=24, N=24, W=6, T=6, k=4, rows=3, n_pad=0, route="flush", state_dtype=torch.bfloat16,
               act_dtype=torch.float32, extras=False, bias=False, activation=None, empty_row=False,
-              config={"BLOCK_P": 8, "FOLD_N": 8}, seed=2))
+              config={"TMA": 0, "BLOCK_P": 8, "FOLD_N": 8}, seed=2))
 @example(dict(H=4, G=1, P=16, N=16, W=5, T=3, k=4, rows=3, n_pad=1, route="mixed", state_dtype=torch.float16,
               act_dtype=torch.bfloat16, extras=True, bias=True, activation="silu", empty_row=False,
-              config={"HPP": 1, "BLOCK_P": 8}, seed=3))
+              config={"TMA": 0, "HPP": 1, "BLOCK_P": 8}, seed=3))
+@example(dict(H=4, G=2, P=16, N=16, W=5, T=3, k=2, rows=4, n_pad=1, route="mixed", state_dtype=torch.bfloat16,
+              act_dtype=torch.bfloat16, extras=True, bias=False, activation=None, empty_row=True, config={"TMA": 1},
+              seed=4))
 def test_conv_verify_matches_reference(c):
     case = make_conv_case(torch.Generator().manual_seed(c["seed"]), "cpu", **{k: v for k, v in c.items()
                                                                              if k not in ("seed", "config")})
-    with ot.override(fused=c["config"] or {}):
+    with ot.override(fused=c["config"]):
         got = run_conv_verify(ot.replay_conv_verify, case)
     want = run_conv_verify(ref.replay_conv_verify, case)
     compare_conv_verify(case, got, want, out_tol=TOL[c["act_dtype"]], state_tol=TOL[c["state_dtype"]])
 
 
+def _kernels(case: dict, **kw) -> list[str]:
+    """The kernels ``replay_conv_verify`` launches for ``case``."""
+    st = {k: v.clone() for k, v in case["state"].items()}
+    counters = torch.zeros(st["checkpoint"].shape[0], st["B_ring"].shape[1], dtype=torch.int32)
+    launches = ot.conv_verify.conv_verify_launches(
+        st["checkpoint"], st["x_ring"], st["B_ring"], st["dt_ring"], case["ring_start"], case["num_committed"],
+        case["conv"].clone(), case["conv_shift"], case["xBC"], case["dt"], case["A"], case["weight"], case["bias"],
+        case["page_ids"], case["cu_seqlens"], case["W"], torch.empty_like(case["x"]), counters=counters, **kw)
+    return [launch.kernel.fn.__name__ for launch in launches]
+
+
+@pytest.mark.parametrize("tma", [1, 0])
 @pytest.mark.parametrize("shift", [0, 1, 3])
-def test_every_conv_shift_and_full_rows(shift):
-    """Every row T tokens on one shift (a = 0 rollback: shift T; a = q: 0) and both routes in one batch."""
+def test_every_conv_shift_and_full_rows(shift, tma):
+    """Every row T tokens on one shift (a = 0 rollback: shift T; a = q: 0) and both routes in one batch, on both
+    kernels (the TMA verify kernel with its conv, and the portable fused kernel)."""
     case = make_conv_case(torch.Generator().manual_seed(shift), "cpu", H=2, G=1, P=16, N=16, W=4, T=3, k=4,
                           rows=3, n_pad=0, route="mixed", qs=[3, 3, 3], shift=shift)
-    got = run_conv_verify(ot.replay_conv_verify, case)
+    with ot.override(fused={"TMA": tma}):
+        assert _kernels(case) == ["verify_tma_kernel" if tma else "conv_verify_kernel"]
+        got = run_conv_verify(ot.replay_conv_verify, case)
     want = run_conv_verify(ref.replay_conv_verify, case)
     compare_conv_verify(case, got, want, out_tol=TOL[torch.float32], state_tol=TOL[torch.float32])
 
 
-def test_fused_agrees_with_the_triton_pair():
+def test_kernel_choice_and_row_shift():
+    """The TMA kernel takes the geometries it serves (N a power of two, P a multiple of 16 here), the portable
+    kernel the others; a row shift gathered with the step (``row_shift``) gives the same results as the pages'."""
+    odd = make_conv_case(torch.Generator().manual_seed(8), "cpu", H=2, G=1, P=16, N=24, W=4, T=2, k=4, rows=2,
+                         n_pad=0)
+    assert _kernels(odd) == ["conv_verify_kernel"]
+    case = make_conv_case(torch.Generator().manual_seed(9), "cpu", H=4, G=2, P=16, N=16, W=6, T=4, k=4, rows=4,
+                          n_pad=1, route="mixed", act_dtype=torch.bfloat16)
+    row_shift = case["conv_shift"][case["page_ids"].long()].clone()
+    assert _kernels(case, row_shift=row_shift) == ["verify_tma_kernel"]
+    got = run_conv_verify(ot.replay_conv_verify, case, row_shift=row_shift)
+    want = run_conv_verify(ref.replay_conv_verify, case)
+    compare_conv_verify(case, got, want, out_tol=TOL[torch.bfloat16], state_tol=TOL[torch.float32])
+    assert torch.equal(got[1], run_conv_verify(ot.replay_conv_verify, case)[1])
+    with pytest.raises(ShapeError, match="row_shift"):
+        run_conv_verify(ot.replay_conv_verify, case, row_shift=row_shift[:-1])
+
+
+@pytest.mark.parametrize("shape", ["latency", "one_head", "split", "pipelined"])
+def test_tma_launch_shapes(shape):
+    """The TMA kernel with its conv in the GPU's launch shapes (one head per program, the split persistent launches,
+    a group's 16 heads pipelined in one program): the counters' arrivals add up whatever a program's head count."""
+    case = make_conv_case(torch.Generator().manual_seed(len(shape)), "cpu", H=16, G=1, P=16, N=16, W=6, T=4, k=4,
+                          rows=4, n_pad=1, route="mixed", act_dtype=torch.bfloat16, empty_row=True)
+    row_shift = case["conv_shift"][case["page_ids"].long()].clone()
+    with ot.override(shape=shape, fused={"TMA": 1}):
+        assert set(_kernels(case)) == {"verify_tma_kernel"}
+        got = run_conv_verify(ot.replay_conv_verify, case, row_shift=row_shift)
+    want = run_conv_verify(ref.replay_conv_verify, case)
+    compare_conv_verify(case, got, want, out_tol=TOL[torch.bfloat16], state_tol=TOL[torch.float32])
+
+
+@pytest.mark.parametrize("tma", [1, 0])
+def test_fused_agrees_with_the_triton_pair(tma):
     """The fused launch against the Triton conv then verify on the same case (the pair the manager ran before)."""
     case = make_conv_case(torch.Generator().manual_seed(5), "cpu", H=4, G=2, P=16, N=16, W=6, T=4, k=4, rows=4,
                           n_pad=1, route="mixed", act_dtype=torch.bfloat16)
-    got = run_conv_verify(ot.replay_conv_verify, case)
+    with ot.override(fused={"TMA": tma}):
+        got = run_conv_verify(ot.replay_conv_verify, case)
 
     def pair(ck, xr, Br, dtr, rs, nc, win, shift, xBC, dt, A, w, b, ids, cu, W, out, counters=None, **kw):
         y = torch.zeros_like(xBC)
@@ -114,6 +168,9 @@ def test_kernel_refusals():
         run_conv_verify(ot.replay_conv_verify, case, counters=torch.zeros(3, dtype=torch.int32))
     with pytest.raises(ConfigError, match="fused override"):
         with ot.override(fused={"BLOCK_P": 12}):
+            pass
+    with pytest.raises(ConfigError, match="fused override TMA"):
+        with ot.override(fused={"TMA": 2}):
             pass
     with pytest.raises(ConfigError, match="unknown fused"):
         with ot.override(fused={"HEADS": 2}):

@@ -90,21 +90,25 @@ def capture(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, 
 
 def capture_fused(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, sms: int = SMS,
                   gbps_per_sm: float = GBPS_PER_SM, state_dtype: str = "float32"):
-    """(name, kernel, (grid, args, kwargs)) of the fused conv + verify launch (``replay_conv_verify``) for this batch
-    (``config``: its ``override(fused=...)`` fields)."""
+    """(name, kernel, (grid, args, kwargs)) of the fused conv + verify launches (``replay_conv_verify``) for this
+    batch (``config``: ``override(fused=...)`` fields, and the TMA kernel's launch override keys)."""
     R, pages, L, bf = W + T, batch + 1, batch * T, torch.bfloat16
     Dc = H * P + 2 * G * N
     e = torch.empty
     gpu = ops.DeviceClass(compiled=True, sms=sms, gbps_per_sm=gbps_per_sm)
-    with ops.override(device=gpu, fused=config or {}):
-        k = ops.conv_verify.conv_verify_launch(
+    config = config or {}
+    fused = {k: v for k, v in config.items() if k in ops.config.FUSED_KEYS}  # the rest: the TMA kernel's launch
+    with ops.override(device=gpu, fused=fused, **{k: v for k, v in config.items() if k not in fused}):
+        launches = ops.conv_verify.conv_verify_launches(
             e(pages, H, P, N, dtype=getattr(torch, state_dtype)), e(pages, H, R, P, dtype=bf),
             e(pages, G, R, N, dtype=bf), e(pages, H, R), torch.zeros(pages, dtype=torch.int32),
-            torch.zeros(pages, dtype=torch.int32), e(pages, Dc, 3 + T, dtype=bf), torch.zeros(pages, dtype=torch.int32),
+            torch.zeros(pages, dtype=torch.int32), e(pages, 3 + T, Dc, dtype=bf).transpose(1, 2),
+            torch.zeros(pages, dtype=torch.int32),
             e(L, Dc, dtype=bf), e(L, H, dtype=bf), e(H), e(Dc, 4), e(Dc), torch.arange(1, batch + 1, dtype=torch.int32),
             torch.arange(0, L + 1, T, dtype=torch.int32), W, e(L, H, P, dtype=bf), D=e(H), dt_bias=e(H),
-            counters=torch.zeros(pages, G, dtype=torch.int32), pdl=pdl)
-    return [(k.kernel.fn.__name__, k.kernel, (k.grid, k.args, k.kwargs))]
+            counters=torch.zeros(pages, G, dtype=torch.int32), pdl=pdl, row_shift=torch.zeros(batch, dtype=torch.int32),
+            row_cursors=torch.zeros(2, batch, dtype=torch.int32))
+    return [(k.kernel.fn.__name__, k.kernel, (k.grid, k.args, k.kwargs)) for k in launches]
 
 
 def capture_conv(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, sms: int = SMS,

@@ -150,7 +150,7 @@ class TritonBackend:
             t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start, cache.num_committed,
             t["conv"], cache.conv_shift, xBC, dt, A, weight, bias, plan.page_ids, plan.cu_seqlens,
             cache.layout.spec.window, out, D=D, dt_bias=dt_bias, z=z, activation=activation,
-            row_cursors=plan.row_cursors, counters=fused_counters(cache), pdl=self.pdl,
+            row_cursors=plan.row_cursors, counters=fused_counters(cache), pdl=self.pdl, row_shift=plan.row_conv_shift,
         )
 
     def commit(self, cache: StateCache, plan: StepPlan, accepted: Tensor, update_conv: bool,

@@ -1,7 +1,8 @@
-"""The fused conv + verify kernel compiled on the GPU at Nemotron-H-8B geometry (H=128, P=64, N=128, G=8, conv
-kernel 4), against the reference (conv update then verify): batch 1..256, flush, non-flush and mixed rows, every
-P tile the launch table may choose; repeated launches on the same inputs (the counters' last-arrival protocol
-under real concurrency); a manager schedule and a CUDA-graph step with ``conv_verify``. Skipped without CUDA.
+"""The fused conv + verify compiled on the GPU at Nemotron-H-8B geometry (H=128, P=64, N=128, G=8, conv kernel 4),
+against the reference (conv update then verify): batch 1..256, flush, non-flush and mixed rows, the TMA verify
+kernel with its conv in every launch shape (and under PDL), the portable fused kernel in every P tile the launch
+table may choose; repeated launches on the same inputs (the counters' last-arrival protocol under real
+concurrency); a manager schedule and a CUDA-graph step with ``conv_verify``. Skipped without CUDA.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ DEV = "cuda"
 @pytest.fixture(autouse=True)
 def fused_at_every_batch():
     """The manager's triton ``conv_verify`` takes the fused kernel here whatever the table's ``fused.max_rows``."""
-    with trk.override(fused={"MAX_ROWS": 1 << 20}):
+    with trk.override(fused={"MAX_ROWS": 1 << 20, "TMA": 1}):
         yield
 NEMO = dict(H=128, G=8, P=64, N=128)
 
@@ -41,9 +42,38 @@ def test_conv_verify_nemotron(rows, route):
     compare_conv_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
 
 
+def _kernels(case: dict, **kw) -> list[str]:
+    """The kernels ``replay_conv_verify`` launches for ``case`` (nothing runs)."""
+    st = case["state"]
+    counters = torch.zeros(st["checkpoint"].shape[0], st["B_ring"].shape[1], dtype=torch.int32, device=DEV)
+    launches = trk.conv_verify.conv_verify_launches(
+        st["checkpoint"], st["x_ring"], st["B_ring"], st["dt_ring"], case["ring_start"], case["num_committed"],
+        case["conv"], case["conv_shift"], case["xBC"], case["dt"], case["A"], case["weight"], case["bias"],
+        case["page_ids"], case["cu_seqlens"], case["W"], torch.empty_like(case["x"]), counters=counters, **kw)
+    return [launch.kernel.fn.__name__ for launch in launches]
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("shape,rows", [
+    ("latency", 1), ("latency", 2), ("one_head_wide", 2), ("one_head_wide", 8), ("one_head", 40), ("split", 40),
+    ("split", 300), ("pipelined", 40), ("base", 3),
+])
+def test_conv_verify_tma_shapes(shape, rows, pdl):
+    """The TMA verify kernel with its conv in each launch shape, alone and as a programmatic dependent."""
+    gen = torch.Generator().manual_seed(rows * 7 + len(shape))
+    case = make_conv_case(gen, DEV, W=16, T=4, rows=rows, n_pad=min(1, rows - 1), route="mixed",
+                          act_dtype=torch.bfloat16, empty_row=rows > 4, **NEMO)
+    row_shift = case["conv_shift"][case["page_ids"].long()].clone()
+    with trk.override(shape=shape, fused={"TMA": 1}):
+        assert set(_kernels(case)) == {"verify_tma_kernel"}
+        got = run_conv_verify(trk.replay_conv_verify, case, pdl=pdl, row_shift=row_shift)
+    want = run_conv_verify(ref.replay_conv_verify, case)
+    compare_conv_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
+
+
 @pytest.mark.parametrize("cfg,T,W", [
-    (None, 2, 8), (None, 8, 32), (dict(BLOCK_P=16), 4, 16), (dict(BLOCK_P=32, num_warps=4, maxnreg=0), 4, 16),
-    (dict(FOLD_N=128, maxnreg=0), 4, 16),
+    (dict(TMA=1), 2, 8), (dict(TMA=1), 8, 32), (dict(TMA=0), 4, 16), (dict(TMA=0, BLOCK_P=16), 4, 16),
+    (dict(TMA=0, BLOCK_P=32, num_warps=4, maxnreg=0), 4, 16), (dict(TMA=0, FOLD_N=128, maxnreg=0), 4, 16),
 ])
 def test_conv_verify_launches(cfg, T, W):
     gen = torch.Generator().manual_seed(T * 31 + W)
@@ -64,16 +94,20 @@ def test_conv_verify_half_states(state_dtype):
     compare_conv_verify(case, got, want, out_tol=1e-2, state_tol=1e-2)
 
 
-def test_conv_verify_repeated_launches_agree():
+@pytest.mark.parametrize("cfg", [{"fused": {"TMA": 1}}, {"shape": "split", "fused": {"TMA": 1}},
+                                 {"shape": "latency", "fused": {"TMA": 1}}, {"fused": {"TMA": 0}}])
+def test_conv_verify_repeated_launches_agree(cfg):
     """The same launch 50 times on copies of one case: every result bit-identical (the B/C window is written by the
     group's last program to arrive, whichever it is) and equal to the reference's window."""
     gen = torch.Generator().manual_seed(11)
     case = make_conv_case(gen, DEV, W=16, T=4, rows=64, n_pad=0, route="mixed", act_dtype=torch.bfloat16, **NEMO)
     want = run_conv_verify(ref.replay_conv_verify, case)
-    first = run_conv_verify(trk.replay_conv_verify, case)
+    with trk.override(**cfg):
+        first = run_conv_verify(trk.replay_conv_verify, case)
     compare_conv_verify(case, first, want, out_tol=1e-2, state_tol=1e-5)
     for _ in range(50):
-        st, out = run_conv_verify(trk.replay_conv_verify, case)
+        with trk.override(**cfg):
+            st, out = run_conv_verify(trk.replay_conv_verify, case)
         assert torch.equal(out, first[1])
         for name, t in st.items():
             assert torch.equal(t, first[0][name]), name

@@ -28,7 +28,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 @attrs.frozen
 class KernelLaunch:
     """One kernel launch as the launch builders return it (``verify_launches``, ``conv_launch``,
-    ``conv_verify_launch``): ``kernel[grid](*args, **kwargs)``."""
+    ``conv_verify_launches``): ``kernel[grid](*args, **kwargs)``."""
 
     kernel: Any
     grid: tuple[int, int]

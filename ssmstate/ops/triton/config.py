@@ -319,7 +319,7 @@ def _check_tma(launch: Launch, hpg: int, N: int, R: int, rows: int) -> None:
 # -- the fused conv + verify kernel ----------------------------------------------------------
 
 #: the fields ``override(fused=...)`` may set
-FUSED_KEYS = ("BLOCK_P", "FOLD_N", "num_warps", "maxnreg", "HPP", "MAX_ROWS")
+FUSED_KEYS = ("BLOCK_P", "FOLD_N", "num_warps", "maxnreg", "HPP", "MAX_ROWS", "TMA")
 
 
 @attrs.frozen
@@ -338,10 +338,11 @@ def _check_fused_override(fields: dict[str, int]) -> None:
     if unknown:
         raise ConfigError(f"unknown fused override keys {sorted(unknown)}; known: {', '.join(FUSED_KEYS)}")
     for key, v in fields.items():
-        pow2_key = key not in ("maxnreg", "MAX_ROWS")
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (pow2_key and (v < 1 or v & (v - 1))):
-            raise ConfigError(f"fused override {key} must be a power of two (maxnreg, MAX_ROWS: an int >= 0), "
-                              f"got {v!r}")
+        pow2_key = key not in ("maxnreg", "MAX_ROWS", "TMA")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (pow2_key and (v < 1 or v & (v - 1))) \
+                or (key == "TMA" and v > 1):
+            raise ConfigError(f"fused override {key} must be a power of two (maxnreg, MAX_ROWS: an int >= 0; TMA: 0 "
+                              f"or 1), got {v!r}")
 
 
 def fused_max_rows() -> int:
@@ -351,6 +352,15 @@ def fused_max_rows() -> int:
     if ov is not None and "MAX_ROWS" in ov.fused:
         return ov.fused["MAX_ROWS"]
     return table()["fused"]["max_rows"]
+
+
+def fused_tma() -> bool:
+    """Whether the fused layer takes the TMA verify kernel where that kernel takes the geometry, or the portable
+    fused kernel everywhere: the table's ``fused.tma``, or an :func:`override`'s ``TMA``."""
+    ov = _OVERRIDE.get()
+    if ov is not None and "TMA" in ov.fused:
+        return bool(ov.fused["TMA"])
+    return bool(table()["fused"]["tma"])
 
 
 def fused_launch(rows: int, H: int, P: int, N: int, G: int, dev: DeviceClass) -> FusedLaunch:

@@ -38,6 +38,82 @@ def _seq_tile(wbase, x_ptr, cols, end, lo, q, offs_d, md, s_win_c, s_x_t, s_x_d,
 
 
 @triton.jit
+def _window_columns(cv, ch, BLOCK_L: tl.constexpr, KW: tl.constexpr):
+    """Channels ``ch``'s sequence columns as a (``BLOCK_L``, channels) tile in the window's dtype: the ``KW`` history
+    columns ending at the window's ``end``, then the row's ``q`` tokens, then zeros. One load: each column's pointer
+    is the window's or the tokens' (they share a dtype, :func:`~ssmstate.ops.triton.conv_verify.conv_verify_launches`
+    checks it)."""
+    (xbc_ptr, s_x_t, win_pg, s_win_c, end, lo, q, width, w_ptr, s_w_d, s_w_k, b_ptr, silu) = cv
+    ll = tl.arange(0, BLOCK_L)
+    col = tl.where(ll < KW, win_pg + (end - KW + ll) * s_win_c, xbc_ptr + (lo + ll - KW) * s_x_t)
+    return tl.load(col[:, None] + ch[None, :], mask=(ll < KW + q)[:, None], other=0.0)
+
+
+@triton.jit
+def conv_rows(cv, ch, seq, KW: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Channels ``ch``'s conv outputs at sequence rows ``seq`` of the row's tokens (``seq``: a (rows,) index, row r
+    holding token ``seq[r]`` where ``0 <= seq[r] < q``; others: any token's value, to be masked), rounded to the
+    inputs' dtype as the pair's conv stores them: a (len(seq), len(ch)) tile, as the fused layer kernel places its
+    verify inputs.
+
+    Computed on a compact (``BLOCK_T``, channels) tile of the row's tokens, ``act(bias + Σ_j w_j col(t + j))`` over
+    the sequence columns of :func:`_window_columns` (each tap's columns one load, summed in
+    :func:`_conv_update_kernel`'s order), then gathered into place: the sequence tiles are mostly history rows,
+    which need no conv. ``cv``: :func:`conv_operands`."""
+    (xbc_ptr, s_x_t, win_pg, s_win_c, end, lo, q, width, w_ptr, s_w_d, s_w_k, b_ptr, silu) = cv
+    t = tl.arange(0, BLOCK_T)
+    y = tl.zeros((BLOCK_T, ch.shape[0]), dtype=tl.float32)
+    if b_ptr is not None:
+        y += tl.load(b_ptr + ch[None, :]).to(tl.float32)
+    for j in tl.static_range(KW + 1):
+        m = t + j  # the sequence column tap j reads for token t: the window's, then the row's tokens
+        col = tl.where(m < KW, win_pg + (end - KW + m) * s_win_c, xbc_ptr + (lo + m - KW) * s_x_t)
+        x = tl.load(col[:, None] + ch[None, :], mask=(t < q)[:, None], other=0.0).to(tl.float32)
+        y += tl.load(w_ptr + ch[None, :] * s_w_d + j * s_w_k).to(tl.float32) * x
+    if silu:
+        y = y * tl.sigmoid(y)
+    y = y.to(xbc_ptr.dtype.element_ty)
+    idx = tl.minimum(tl.maximum(seq, 0), BLOCK_T - 1)
+    return tl.gather(y, tl.broadcast_to(idx[:, None], (seq.shape[0], ch.shape[0])), 0)
+
+
+@triton.jit
+def conv_operands(xbc_ptr, s_x_t, win_ptr, page, s_win_pg, s_win_c, shift, lo, q, width, w_ptr, s_w_d, s_w_k,
+                  b_ptr, silu, KW: tl.constexpr):
+    """The row's conv operands as :func:`conv_rows` and :func:`store_window` take them: its page's window and its
+    right end ``width - shift`` (the shift clamped to ``[0, width - KW]``, as the conv update reads it)."""
+    end = width - tl.minimum(tl.maximum(shift, 0), width - KW)
+    return (xbc_ptr, s_x_t, win_ptr + page * s_win_pg, s_win_c, end, lo, q, width, w_ptr, s_w_d, s_w_k, b_ptr, silu)
+
+
+@triton.jit
+def store_window(cv, ch, KW: tl.constexpr, BLOCK_L: tl.constexpr):
+    """Channels ``ch``'s new window: the last ``KW + q`` sequence columns, right-aligned (the conv update's). They are
+    loaded first, then a barrier: other threads of the program read these channels' old columns (in other layouts)
+    and the window is updated in place."""
+    (xbc_ptr, s_x_t, win_pg, s_win_c, end, lo, q, width, w_ptr, s_w_d, s_w_k, b_ptr, silu) = cv
+    seq = _window_columns(cv, ch, BLOCK_L, KW)
+    ll = tl.arange(0, BLOCK_L)
+    dst = width - (KW + q) + ll
+    tl.debug_barrier()
+    tl.store(win_pg + dst[:, None] * s_win_c + ch[None, :], seq, mask=((ll < KW + q) & (dst >= 0))[:, None])
+
+
+@triton.jit
+def arrive(cnt, count, total):
+    """Count ``count`` heads in at a row's group counter ``cnt``, after a barrier that follows every thread's reads of
+    the group's old B/C window columns; True for the program whose heads complete ``total``: every other program of
+    the group has read them (their reads happen-before their release, which happens-before its acquire), so it owns
+    their window's store, and it resets the counter to 0 for the next launch."""
+    tl.debug_barrier()
+    before = tl.atomic_add(cnt, count, sem="acq_rel", scope="gpu")
+    last = before + count == total
+    if last:
+        tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+    return last
+
+
+@triton.jit
 def _conv_update_kernel(
     win_ptr, shift_ptr, rshift_ptr, x_ptr, w_ptr, b_ptr, out_ptr, page_ptr, cu_ptr,
     Dc, width, s_rs,

@@ -1,10 +1,15 @@
 """Triton fused layer step: conv update + ReplaySSM verify in one launch, same contract as
 :func:`ssmstate.ops.reference.replay_conv_verify`.
 
-The kernel (:mod:`~ssmstate.ops.triton.conv_verify_kernel`) reads each row's page once: the conv window's old
-columns, the ring's history and the checkpoint tile; it writes the new conv window, the ring's new x, B and dt rows,
-the checkpoint on flush rows (``c + q > W``, decided per row on the device) and ``y``. The conv output never goes
-to memory. :mod:`~ssmstate.ops.triton.config` chooses the launch (:func:`~ssmstate.ops.triton.config.fused_launch`).
+Each program reads its row's page once: the conv window's old columns, the ring's history and the checkpoint tile;
+the launch writes the new conv window, the ring's new x, B and dt rows, the checkpoint on flush rows (``c + q > W``,
+decided per row on the device) and ``y``. The conv output never goes to memory. Two kernels:
+
+* where the TMA verify kernel takes the geometry, that kernel with the conv computed in it
+  (:mod:`~ssmstate.ops.triton.verify_tma`, ``KW`` > 0): the verify's launch (its launch choice and overrides,
+  :func:`~ssmstate.ops.triton.config.choose_launch`), each program computing the conv outputs it reads;
+* elsewhere (or with ``override(fused={"TMA": 0})``) the portable kernel
+  (:mod:`~ssmstate.ops.triton.conv_verify_kernel`, :func:`~ssmstate.ops.triton.config.fused_launch`).
 """
 
 from __future__ import annotations
@@ -12,11 +17,15 @@ from __future__ import annotations
 import torch
 import triton
 
+from ssmstate.checks import check_tensor
 from ssmstate.errors import ConfigError, ShapeError
 from ssmstate.ops.reference import check_row_cursors_shape
 from ssmstate.ops.triton.common import INTERPRETED, KernelLaunch, dot_precisions, outer_strides, pow2
-from ssmstate.ops.triton.config import device_class, fused_launch
+from ssmstate.ops.triton.config import (
+    DeviceClass, Launch, check_launch, choose_launch, device_class, fused_launch, fused_tma, tma_block_p,
+)
 from ssmstate.ops.triton.conv_verify_kernel import conv_verify_kernel
+from ssmstate.ops.triton.verify import ConvIn, Step, tma_launches, tma_supported
 
 Tensor = torch.Tensor
 
@@ -52,6 +61,7 @@ def replay_conv_verify(
     row_cursors: Tensor | None = None,
     counters: Tensor | None = None,
     pdl: bool = False,
+    row_shift: Tensor | None = None,
 ) -> Tensor:
     """One layer's conv update and verify in one launch (see :func:`ssmstate.ops.reference.replay_conv_verify`).
 
@@ -71,31 +81,36 @@ def replay_conv_verify(
         window: W; R = x_ring.shape[2] must be >= W + the longest row.
         out: (tokens, H, P), caller-owned, written for every non-padding token.
         D: (H,) skip or None. dt_bias: (H,) or None. z: (tokens, H, P) gate or None. activation: "silu" or None.
-        row_cursors: (2, rows) int32 or None: accepted for the same signature as the reference (which checks it);
-            the kernel reads the cursors at the page.
+        row_cursors: (2, rows) int32 or None: each row's page's ``ring_start`` and ``num_committed``, gathered once
+            per step (``StepPlan.row_cursors``; the reference checks them); the TMA kernel reads them beside the
+            page id, the portable one reads the cursors at the page.
         counters: (pages, G) int32, all zero, persistent (owned by the caller, e.g. the backend per cache): each
             launch uses and leaves them zero (the kernel module's notes say why they exist).
-        pdl: launch as a programmatic dependent of the kernel before (GPU only): every program waits for that
-            kernel to end before it reads anything, then lets the next kernel launch.
+        pdl: launch as a programmatic dependent of the kernel before (GPU only): every program reads its page id
+            and cursors (the TMA kernel, where its launch gains from it, its first checkpoint tile too), waits for
+            that kernel to end before it reads the step's inputs, then lets the next kernel launch.
+        row_shift: (rows,) int32 or None: each row's page's ``conv_shift``, gathered once per step
+            (``StepPlan.row_conv_shift``); the TMA kernel reads it beside the page id instead of after it.
     Returns:
         ``out``.
     """
-    conv_verify_launch(checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, conv_window, conv_shift, xBC,
-                       dt, A, weight, bias, page_ids, cu_seqlens, window, out, D=D, dt_bias=dt_bias, z=z,
-                       activation=activation, dt_softplus=dt_softplus, row_cursors=row_cursors, counters=counters,
-                       pdl=pdl).run()
+    for launch in conv_verify_launches(checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, conv_window,
+                                       conv_shift, xBC, dt, A, weight, bias, page_ids, cu_seqlens, window, out, D=D,
+                                       dt_bias=dt_bias, z=z, activation=activation, dt_softplus=dt_softplus,
+                                       row_cursors=row_cursors, counters=counters, pdl=pdl, row_shift=row_shift):
+        launch.run()
     return out
 
 
-def conv_verify_launch(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring: Tensor, ring_start: Tensor,
-                       num_committed: Tensor, conv_window: Tensor, conv_shift: Tensor, xBC: Tensor, dt: Tensor,
-                       A: Tensor, weight: Tensor, bias: Tensor | None, page_ids: Tensor, cu_seqlens: Tensor,
-                       window: int, out: Tensor, D: Tensor | None = None, dt_bias: Tensor | None = None,
-                       z: Tensor | None = None, activation: str | None = "silu", dt_softplus: bool = True,
-                       row_cursors: Tensor | None = None, counters: Tensor | None = None,
-                       pdl: bool = False) -> KernelLaunch:
-    """The launch :func:`replay_conv_verify` makes for these arguments (checked first), without running it: what
-    ``tools/kernel_resources.py --fused`` compiles for a GPU on a machine without one."""
+def conv_verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring: Tensor, ring_start: Tensor,
+                         num_committed: Tensor, conv_window: Tensor, conv_shift: Tensor, xBC: Tensor, dt: Tensor,
+                         A: Tensor, weight: Tensor, bias: Tensor | None, page_ids: Tensor, cu_seqlens: Tensor,
+                         window: int, out: Tensor, D: Tensor | None = None, dt_bias: Tensor | None = None,
+                         z: Tensor | None = None, activation: str | None = "silu", dt_softplus: bool = True,
+                         row_cursors: Tensor | None = None, counters: Tensor | None = None,
+                         pdl: bool = False, row_shift: Tensor | None = None) -> list[KernelLaunch]:
+    """The launches :func:`replay_conv_verify` makes for these arguments (checked first), without running them:
+    what ``tools/kernel_resources.py --fused`` compiles for a GPU on a machine without one."""
     pages, H, P, N = checkpoint.shape
     R, G = x_ring.shape[2], B_ring.shape[1]
     Dc, width = conv_window.shape[1], conv_window.shape[2]
@@ -104,7 +119,54 @@ def conv_verify_launch(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ri
     rows = page_ids.shape[0]
     _check(checkpoint, x_ring, B_ring, xBC, conv_window, weight, counters, activation, pdl, row_cursors, rows,
            H, P, G, N, T, R, window)
+    if row_shift is not None:
+        check_tensor("row_shift", row_shift, (rows,), (torch.int32,), xBC.device)
     dev = device_class(xBC.device)
+    tma = _tma_launch(checkpoint, conv_window, xBC, rows, H, P, N, G, R, T, dev)
+    if tma is not None:
+        XB, GN = H * P, G * N
+        x = xBC[:, :XB].unflatten(1, (H, P))
+        B = xBC[:, XB:XB + GN].unflatten(1, (G, N))
+        C = xBC[:, XB + GN:].unflatten(1, (G, N))
+        conv = ConvIn(window=conv_window, shift=conv_shift, row_shift=row_shift, xBC=xBC, weight=weight, bias=bias,
+                      counters=counters, silu=activation == "silu")
+        step = Step(checkpoint, None, None, 0, x_ring, B_ring, dt_ring, ring_start, num_committed, x, dt, A, B, C,
+                    D, dt_bias, z, out, page_ids, cu_seqlens, window, row_cursors, T, bool(dt_softplus),
+                    pdl and dev.compiled, conv=conv)
+        return tma_launches(step, tma, dev)
+    return [_portable_launch(checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, conv_window, conv_shift,
+                             xBC, dt, A, weight, bias, page_ids, cu_seqlens, window, out, D, dt_bias, z, activation,
+                             dt_softplus, counters, pdl, dev)]
+
+
+def _tma_launch(checkpoint: Tensor, conv_window: Tensor, xBC: Tensor, rows: int, H: int, P: int, N: int, G: int,
+                R: int, T: int, dev: DeviceClass) -> Launch | None:
+    """The TMA kernel's launch for the fused layer, or None where it does not take it (the geometry, the conv
+    window's storage order or a dtype other than xBC's, or ``override(fused={"TMA": 0})``)."""
+    if not fused_tma() or conv_window.stride(1) != 1 or xBC.stride(1) != 1 or conv_window.dtype != xBC.dtype:
+        return None
+    if not tma_supported(checkpoint, tma_block_p(P, N, dev), dev):
+        return None
+    launch = choose_launch(rows, H, P, N, R, T, xBC.device, G, state_size=checkpoint.element_size(), tma_ok=True)
+    if launch.kernel != "tma" or not tma_supported(checkpoint, launch.block_p, dev):
+        return None
+    check_launch(launch, H=H, G=G, N=N, R=R, rows=rows, dev=dev)
+    return launch
+
+
+def _portable_launch(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring: Tensor, ring_start: Tensor,
+                     num_committed: Tensor, conv_window: Tensor, conv_shift: Tensor, xBC: Tensor, dt: Tensor,
+                     A: Tensor, weight: Tensor, bias: Tensor | None, page_ids: Tensor, cu_seqlens: Tensor,
+                     window: int, out: Tensor, D: Tensor | None, dt_bias: Tensor | None, z: Tensor | None,
+                     activation: str | None, dt_softplus: bool, counters: Tensor, pdl: bool,
+                     dev: DeviceClass) -> KernelLaunch:
+    """The portable fused kernel's launch."""
+    pages, H, P, N = checkpoint.shape
+    R, G = x_ring.shape[2], B_ring.shape[1]
+    width = conv_window.shape[2]
+    k = weight.shape[1]
+    T = width - (k - 1)
+    rows = page_ids.shape[0]
     launch = fused_launch(rows, H, P, N, G, dev)
     hpg = H // G
     block_n = pow2(N)

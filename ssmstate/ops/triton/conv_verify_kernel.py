@@ -15,8 +15,8 @@ Who writes the conv window (updated in place) while other programs of the same l
 * a B or C channel of group g is read by every program of the row's group g (``GROUP_PROGS`` of them: each needs
   all N channels of B and C) and written by one: the last of them to arrive at the page's counter
   ``counters[page, g]``. Each program increments it (``atomic_add``, acquire-release, GPU scope) as soon as it
-  has consumed the old B/C columns, after a barrier of its threads (:func:`_arrive`); the program that sees
-  ``GROUP_PROGS - 1`` knows every other program of the group has read them (their reads happen-before their
+  has consumed the old B/C columns, after a barrier of its threads (:func:`~ssmstate.ops.triton.conv.arrive`);
+  the program that sees ``GROUP_PROGS - 1`` knows every other program of the group has read them (their reads happen-before their
   release, which happens-before its acquire), resets the counter to 0 for the next launch and, at its end, stores
   the new window (the columns every program of the group loaded with its conv inputs: old values, as no other
   program writes these channels). The interpreter runs programs one after another; the GPU tests repeat a launch
@@ -38,6 +38,7 @@ import triton.language as tl
 
 from ssmstate.ops.triton.common import (chunk, decay, fold_chunk, fold_weights, load_chunk, pdl_wait, safe_cursors,
                                         load_tile, softplus)
+from ssmstate.ops.triton.conv import arrive
 
 
 @triton.jit
@@ -196,19 +197,6 @@ def _fused_heads(
 
 
 @triton.jit
-def _arrive(cnt, GROUP_PROGS: tl.constexpr):
-    """Count this program in at its group's counter, after a barrier that follows every thread's reads of the group's
-    old B/C window columns; the last of the group's ``GROUP_PROGS`` programs to arrive (True) resets it to 0 and then
-    owns the B/C window write (module notes)."""
-    tl.debug_barrier()
-    arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-    last = arrived == GROUP_PROGS - 1
-    if last:
-        tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
-    return last
-
-
-@triton.jit
 def conv_verify_kernel(
     ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, win_ptr, shift_ptr, cnt_ptr,
     xbc_ptr, dt_ptr, A_ptr, cw_ptr, cb_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
@@ -302,7 +290,7 @@ def conv_verify_kernel(
         Cs = _conv_seq(cseq.to(tl.float32), cw_ptr + chC[:, None] * s_cw_d, cb_ptr + chC[:, None], mn[:, None],
                        ll[None, :], ss[None, :], s_cw_k, KW, TMAX, HAS_BIAS, SILU)
         # this program has read the group's old B/C window columns (bseq, cseq consumed): arrive at the counter
-        last = _arrive(cnt_ptr + page * s_cnt_pg + g, NPT * (HPG // HPP))
+        last = arrive(cnt_ptr + page * s_cnt_pg + g, 1, NPT * (HPG // HPP))
         Bs = Bs.to(Bh.dtype)  # (BLOCK_N, BLOCK_S), rounded as the unfused path stores B and C
         Cs = Cs.to(Bh.dtype)
         # window token s sits at sequence position c + s: pmt[s, k] = 1 there (a 0/1 placement matrix)

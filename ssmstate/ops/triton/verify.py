@@ -132,16 +132,16 @@ def verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring:
     check_sr_seed(checkpoint, sr_seed, layer)
     dev = device_class(x.device)
     launch = choose_launch(rows, H, P, N, R, T, x.device, G, state_size=checkpoint.element_size(),
-                           tma_ok=_tma_supported(checkpoint, tma_block_p(P, N, dev), dev))
-    if launch.kernel == "tma" and not _tma_supported(checkpoint, launch.block_p, dev):
+                           tma_ok=tma_supported(checkpoint, tma_block_p(P, N, dev), dev))
+    if launch.kernel == "tma" and not tma_supported(checkpoint, launch.block_p, dev):
         raise ConfigError(f"the TMA verify kernel needs a contiguous checkpoint, P divisible by BLOCK_P="
                           f"{launch.block_p} and N a power of two in [16, 256]; got {tuple(checkpoint.shape)}")
     check_launch(launch, H=H, G=G, N=N, R=R, rows=rows, dev=dev)
-    step = _Step(checkpoint, checkpoint_scale, sr_seed, int(layer), x_ring, B_ring, dt_ring, ring_start,
+    step = Step(checkpoint, checkpoint_scale, sr_seed, int(layer), x_ring, B_ring, dt_ring, ring_start,
                  num_committed, x, dt, A, B, C, D, dt_bias, z, out, page_ids, cu_seqlens, window, row_cursors, T,
                  bool(dt_softplus), pdl and dev.compiled)
     if launch.kernel == "tma":
-        return _tma_launches(step, launch, dev)
+        return tma_launches(step, launch, dev)
     return [_ldg_launch(step, launch, dev)]
 
 
@@ -157,7 +157,7 @@ def _check_inputs(x: Tensor, x_ring: Tensor, B: Tensor, B_ring: Tensor, T: int, 
         check_row_cursors_shape(row_cursors, rows, x.device)
 
 
-def _tma_supported(checkpoint: Tensor, block_p: int, dev: DeviceClass) -> bool:
+def tma_supported(checkpoint: Tensor, block_p: int, dev: DeviceClass) -> bool:
     """The TMA kernel can read ``checkpoint`` (pages, H, P, N) as (pages * H * P, N) tiles of ``block_p`` rows."""
     pages, H, P, N = checkpoint.shape
     return (block_p > 0 and P % block_p == 0 and tma_block_p(P, N, dev) > 0
@@ -165,7 +165,34 @@ def _tma_supported(checkpoint: Tensor, block_p: int, dev: DeviceClass) -> bool:
 
 
 @attrs.frozen
-class _Step:
+class ConvIn:
+    """The fused layer's conv operands (:mod:`~ssmstate.ops.triton.conv_verify`): the verify's ``x``, ``B`` and
+    ``C`` are then views of ``xBC``'s channels, and the TMA kernel computes their conv outputs itself."""
+
+    window: Tensor  # (pages, conv_dim, width) conv dtype, channels contiguous (stride 1), cache-owned, updated
+    shift: Tensor  # (pages,) int32 conv_shift, cache-owned, read
+    row_shift: Tensor | None  # (rows,) int32, the step plan's gathered conv_shift, or None
+    xBC: Tensor  # (tokens, conv_dim), channels contiguous, the caller's
+    weight: Tensor  # (conv_dim, k) float, the model's
+    bias: Tensor | None  # (conv_dim,) or None
+    counters: Tensor  # (pages, G) int32, zero between launches, the backend's
+    silu: bool
+
+    def args(self, H: int, P: int, N: int, G: int) -> tuple[object, ...]:
+        """The kernel's conv arguments, in its order."""
+        rs = self.row_shift
+        return (self.xBC, self.window, self.shift, rs, self.weight, self.bias, self.counters, int(self.silu),
+                self.window.shape[2], H * P, G * N, self.xBC.stride(0), self.window.stride(0),
+                self.window.stride(2), rs.stride(0) if rs is not None else 0, *self.weight.stride(),
+                self.counters.stride(0))
+
+
+#: the kernel's conv arguments where there is no conv
+NO_CONV = (None, None, None, None, None, None, None, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+
+@attrs.frozen
+class Step:
     """One verify call's tensors and scalars, as the launch builders read them (``checkpoint``: an e4m3 one as its
     bytes)."""
 
@@ -194,6 +221,7 @@ class _Step:
     T: int
     dt_softplus: bool
     gdc: bool  # pdl=True on the GPU: the launch waits for the kernel before
+    conv: ConvIn | None = None  # the fused layer's conv (the TMA kernel only)
 
     def strides(self) -> tuple[int, ...]:
         """The strides but the last of every tensor, in the kernels' order."""
@@ -204,7 +232,7 @@ class _Step:
                 *outer_strides(out=self.out))
 
 
-def _tma_launches(s: _Step, launch: Launch, dev: DeviceClass) -> list[KernelLaunch]:
+def tma_launches(s: Step, launch: Launch, dev: DeviceClass) -> list[KernelLaunch]:
     """The TMA kernel's launch, or (split) the non-flush launch and the flush launch."""
     pages, H, P, N = s.checkpoint.shape
     R, G, rows = s.x_ring.shape[2], s.B_ring.shape[1], s.page_ids.shape[0]
@@ -217,10 +245,13 @@ def _tma_launches(s: _Step, launch: Launch, dev: DeviceClass) -> list[KernelLaun
     args = (rows, desc, s.checkpoint, s.checkpoint_scale, s.sr_seed, s.layer, s.x_ring, s.B_ring, s.dt_ring,
             s.ring_start, s.num_committed, s.row_cursors, s.x, s.dt, s.A, s.B, s.C, s.D, s.dt_bias, s.z, s.out,
             s.page_ids, s.cu_seqlens, s.window, R, H, N, *s.strides()[:2], *scale_strides(s.checkpoint_scale),
-            *s.strides()[2:], *rc_strides)
+            *s.strides()[2:], *rc_strides, *(s.conv.args(H, P, N, G) if s.conv is not None else NO_CONV))
+    kw = s.conv.weight.shape[1] - 1 if s.conv is not None else 0
     const = dict(P=P, HPG=H // G, BLOCK_P=launch.block_p, BLOCK_N=N, BLOCK_K=pow2(R),
                  BLOCK_KN=pow2(min(s.window, R)) if launch.ksplit else pow2(R), BLOCK_S=pow2(s.T),
-                 DT_SOFTPLUS=s.dt_softplus, INTERP=INTERPRETED, num_warps=4, num_stages=1)
+                 DT_SOFTPLUS=s.dt_softplus, INTERP=INTERPRETED, KW=kw, BLOCK_L=pow2(kw + s.T, 1) if kw else 1,
+                 BLOCK_T=pow2(s.T, 2) if kw else 1,
+                 num_warps=4, num_stages=1)
     if not launch.split:
         l2pf = max(launch.l2pf, 1) if tile_early == 1 else launch.l2pf  # the first tile's read before the wait
         kwargs = dict(const, HEADS=launch.heads, HSTAGES=2 if launch.heads > 1 else 1,
@@ -243,7 +274,7 @@ def _tma_launches(s: _Step, launch: Launch, dev: DeviceClass) -> list[KernelLaun
             KernelLaunch(verify_tma_kernel, (2 * sms if dev.compiled else 3, 1), args, second)]
 
 
-def _ldg_launch(s: _Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:
+def _ldg_launch(s: Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:
     """The portable kernel's launch."""
     pages, H, P, N = s.checkpoint.shape
     R, G, rows = s.x_ring.shape[2], s.B_ring.shape[1], s.page_ids.shape[0]
@@ -278,7 +309,7 @@ def _pdl_flag(on: bool) -> dict[str, bool]:
     return {"launch_pdl": True} if on else {}
 
 
-def _l2_prefetch(level: int, tile_bytes: int, s: _Step, heads: int, dev: DeviceClass) -> dict[str, int]:
+def _l2_prefetch(level: int, tile_bytes: int, s: Step, heads: int, dev: DeviceClass) -> dict[str, int]:
     """The TMA kernel's L2 prefetch sizes in bytes (``PF_CK``, ``PF_X``, ``PF_B``, ``PF_DT``; 0 = none).
 
     ``level``: 0 none, 1 the first head's checkpoint tile (``tile_bytes``), 2 also the rings: the x and dt rings of

@@ -28,6 +28,7 @@ from ssmstate.ops.triton.common import (
     chunk, decay, fold_chunk, fold_chunk_value, fold_tile, fold_weights, load_chunk, pdl_wait, prefetch_l2,
     safe_cursors, softplus, wrap,
 )
+from ssmstate.ops.triton.conv import arrive, conv_operands, conv_rows, store_window
 from ssmstate.ops.triton.quant import (
     chunk_amax, codes_as, dequant, encode_scales, encode_tile, fold_store_quant, round_store_value, sr_bits,
     sr_head_key, sr_page_key,
@@ -37,12 +38,19 @@ from ssmstate.ops.triton.quant import (
 @triton.jit
 def _tma_gathers(h, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
                  s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p, is_hist,
-                 is_new, is_seq, ms, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr):
+                 is_new, is_seq, ms, cv, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr,
+                 KW: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr):
     """Head ``h``'s loads but its checkpoint tile: x over the sequence (K, BLOCK_P), the history's dt, the
-    window's raw dt (+ dt_bias), A, D and the gate z (BLOCK_P, BLOCK_S); absent ones are A."""
+    window's raw dt (+ dt_bias), A, D and the gate z (BLOCK_P, BLOCK_S); absent ones are A. ``KW`` > 0 (the fused
+    layer): the window's x rows are the conv's outputs of the head's channels, computed from ``cv``."""
     xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
-    x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
-    X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)
+    if KW > 0:  # x is xBC's x channels (head stride P): the head's channels are h * s_x_h + p
+        X_hist = tl.load(xr_h + ring[:, None] * s_xr_r + offs_p[None, :], mask=is_hist[:, None], other=0.0)
+        X_new = conv_rows(cv, h * s_x_h + offs_p, tok - cv[5], KW, BLOCK_T)  # cv[5]: the row's first token
+        X_raw = tl.where(is_new[:, None], X_new.to(X_hist.dtype), X_hist)
+    else:
+        x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
+        X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)
     dth = tl.load(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
     dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
     A = tl.load(A_ptr + h).to(tl.float32)
@@ -61,17 +69,19 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
               last, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
               s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist,
               is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_raw, dth, dtn, A, Dh, zz, S_pre,
-              cks_ptr, s_cks_pg, s_cks_h, key_pg,
+              cks_ptr, s_cks_pg, s_cks_h, key_pg, cv,
               P: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr,
               HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
               READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
               IDX64: tl.constexpr, FLUSH: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
-              NEXT: tl.constexpr, PRE_TILE: tl.constexpr, TMA_STORE: tl.constexpr):
+              NEXT: tl.constexpr, PRE_TILE: tl.constexpr, TMA_STORE: tl.constexpr, KW: tl.constexpr,
+              BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr):
     """Head ``h0 + i`` of a :func:`_tma_heads` loop whose last head is ``h0 + last``; its gathers
     (``X_raw`` .. ``zz``) were issued one iteration earlier. Returns head ``i + 1``'s gathers, issued here
     (``NEXT``; else this head's again). ``cks_ptr``, ``s_cks_*``: the decode scales and their page and head
     strides (None: an unquantized checkpoint); ``key_pg``: the page's stochastic-rounding hash state (None: round
-    to nearest)."""
+    to nearest). ``cv``, ``KW`` > 0: the fused layer's conv operands (:func:`_tma_gathers`); the head's x channels'
+    new conv window is stored here, ``BLOCK_L`` columns wide."""
     CK_TY: tl.constexpr = ck_ptr.dtype.element_ty
     QMODE: tl.constexpr = (1 if CK_TY == tl.int8 else 2) if cks_ptr is not None else 0
     SR: tl.constexpr = key_pg is not None
@@ -83,7 +93,7 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
         X_n, dth_n, dtn_n, A_n, D_n, zz_n = _tma_gathers(
             h0 + tl.minimum(i + 1, last), page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr,
             z_ptr, s_xr_pg, s_xr_h, s_xr_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t,
-            s_z_h, ring, tok, tw, offs_p, is_hist, is_new, is_seq, ms, HAS_D, HAS_DTB, HAS_Z)
+            s_z_h, ring, tok, tw, offs_p, is_hist, is_new, is_seq, ms, cv, HAS_D, HAS_DTB, HAS_Z, KW, BLOCK_L, BLOCK_T)
     else:
         X_n, dth_n, dtn_n, A_n, D_n, zz_n = X_raw, dth, dtn, A, Dh, zz
     xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
@@ -130,6 +140,8 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
     tl.store(xr_h + ring[:, None] * s_xr_r + offs_p[None, :], X_raw, mask=is_new[:, None])
     if pt == 0:
         tl.store(dtr_h + ring * s_dtr_r, dtn, mask=is_new)
+    if KW > 0:  # the head's x channels' new conv window (this program is their only reader and writer)
+        store_window(cv, h * s_x_h + offs_p, KW, BLOCK_L)
     if fold:
         # flush row: S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0
         XTw, hi, lo_, carry = fold_weights(XT, dth, A, FOLD_SPLIT)
@@ -185,12 +197,13 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist,
                is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, cks_ptr, s_cks_pg, s_cks_h, key_pg,
-               P: tl.constexpr, HEADS: tl.constexpr,
+               cv, P: tl.constexpr, HEADS: tl.constexpr,
                HSTAGES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr,
                HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
                READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
                IDX64: tl.constexpr, FLUSH: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
-               DYN: tl.constexpr, FIRST: tl.constexpr, TMA_STORE: tl.constexpr):
+               DYN: tl.constexpr, FIRST: tl.constexpr, TMA_STORE: tl.constexpr, KW: tl.constexpr,
+               BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr):
     """The TMA kernel's heads ``h0 .. h0 + HEADS - 1`` of one row in a software pipeline (``HSTAGES`` tile
     buffers: head i + 1's tile copy and, into registers, its gathers go out while head i computes).
     ``DYN``: the runtime count ``nh`` of heads instead, in a plain loop (one tile buffer; the interpreter
@@ -216,7 +229,7 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
         X_n, dth_n, dtn_n, A_n, D_n, zz_n = _tma_gathers(
             h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
             s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p, is_hist,
-            is_new, is_seq, ms, HAS_D, HAS_DTB, HAS_Z)
+            is_new, is_seq, ms, cv, HAS_D, HAS_DTB, HAS_Z, KW, BLOCK_L, BLOCK_T)
     if DYN:
         i = 0
         while i < nh:
@@ -225,9 +238,9 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                 nh - 1, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h,
                 s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                 is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
-                zz_n, S_pre, cks_ptr, s_cks_pg, s_cks_h, key_pg, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z,
+                zz_n, S_pre, cks_ptr, s_cks_pg, s_cks_h, key_pg, cv, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z,
                 DT_SOFTPLUS, READ16, DOT_PREC,
-                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, True, False, TMA_STORE)
+                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, True, False, TMA_STORE, KW, BLOCK_L, BLOCK_T)
             i += 1
     else:
         for i in tl.range(0, HEADS, num_stages=HSTAGES):
@@ -236,28 +249,33 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                 HEADS - 1, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h,
                 s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                 is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
-                zz_n, S_pre, cks_ptr, s_cks_pg, s_cks_h, key_pg, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z,
+                zz_n, S_pre, cks_ptr, s_cks_pg, s_cks_h, key_pg, cv, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z,
                 DT_SOFTPLUS, READ16, DOT_PREC,
-                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, HEADS > 1, FIRST, TMA_STORE)
+                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, HEADS > 1, FIRST, TMA_STORE, KW, BLOCK_L,
+                BLOCK_T)
 
 
 
 @triton.jit
 def _tma_body(
-    page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, S_in,
+    page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, S_in, cv,
     P: tl.constexpr, HPG: tl.constexpr, HEADS: tl.constexpr, HSTAGES: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, INTERP: tl.constexpr, PF_AHEAD: tl.constexpr, ROUTE: tl.constexpr,
     DYN: tl.constexpr, EARLY: tl.constexpr, FMODE: tl.constexpr, TILE_IN: tl.constexpr, TMA_STORE: tl.constexpr,
+    KW: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """:func:`_tma_program` once the row's cursors are known: the sequence of ``BLOCK_K`` rows (history, then the
     window), the shared B rows and Gram, then the heads. ``FMODE``: the row's route when the caller branched on it
     (0 non-flush, 1 flush: that route's build only), else -1 (the heads decide, as ``ROUTE`` says). ``TILE_IN``
-    (with ``EARLY``): the head's checkpoint tile is ``S_in``, copied by the caller."""
+    (with ``EARLY``): the head's checkpoint tile is ``S_in``, copied by the caller. ``KW`` > 0 (the fused layer): the
+    window's B rows (and the caller's C) are conv outputs, from ``cv``."""
     (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
      dtb_ptr, z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
      s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t,
-     s_z_h, s_o_t, s_o_h, s_rc_k, s_rc_r, cks_ptr, seed_ptr, layer, s_cks_pg, s_cks_h) = rt
+     s_z_h, s_o_t, s_o_h, s_rc_k, s_rc_r, cks_ptr, seed_ptr, layer, s_cks_pg, s_cks_h, ct) = rt
+    (xbc_ptr, s_xbc_t, win_ptr, s_win_pg, s_win_c, shift_ptr, rsh_ptr, s_rsh, cw_ptr, s_cw_d, s_cw_k, cb_ptr, silu,
+     width, cnt_ptr, s_cnt_pg, XB, GN) = ct
     # what the tensors' dtypes decide: absent optional inputs (None), 16-bit products on the GPU (exact B·C and, with a
     # 16-bit checkpoint in C's dtype, the readout), the fold's tf32 split (B_h exact in tf32), the precisions
     HAS_D: tl.constexpr = D_ptr is not None
@@ -290,9 +308,15 @@ def _tma_body(
         X0, dth0, dtn0, A0, D0, zz0 = _tma_gathers(
             h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
             s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p,
-            is_hist, is_new, is_seq, ms, HAS_D, HAS_DTB, HAS_Z)
-    b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
-    B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_N)
+            is_hist, is_new, is_seq, ms, cv, HAS_D, HAS_DTB, HAS_Z, KW, BLOCK_L, BLOCK_T)
+    if KW > 0:  # B is xBC's B channels (group stride N, from channel XB): the group's are XB + g * s_B_g + n
+        B_hist = tl.load(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], mask=is_hist[:, None], other=0.0)
+        chB = XB + g * s_B_g + offs_n
+        B_new = conv_rows(cv, chB, tok - lo, KW, BLOCK_T)
+        B_raw = tl.where(is_new[:, None], B_new.to(B_hist.dtype), B_hist)  # (K, BLOCK_N)
+    else:
+        b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
+        B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_N)
     if TILE_IN:
         S_pre = S_in
     elif EARLY:
@@ -309,6 +333,11 @@ def _tma_body(
         Gm = tl.dot(B_raw.to(tl.float32), tl.trans(Cw.to(tl.float32)), input_precision=DOT_PREC)
     if (pt == 0) & (h0 % HPG == 0):  # the group's first program appends the window's B rows to the ring
         tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], B_raw, mask=is_new[:, None])
+    if KW > 0:  # every program of the row's group reads its B and C channels' old window columns; the last of them
+        # to arrive (its tile copy in flight meanwhile) stores their new window
+        if arrive(cnt_ptr + page * s_cnt_pg + g, nh, HPG * (P // BLOCK_P)):
+            store_window(cv, chB, KW, BLOCK_L)
+            store_window(cv, chB + GN, KW, BLOCK_L)
     pos = c + ss
     causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
     diag = (kk[:, None] == pos[None, :]) & ms[None, :]
@@ -326,34 +355,34 @@ def _tma_body(
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                    s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                    is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, cks_ptr, s_cks_pg, s_cks_h,
-                   key_pg, P, HEADS, HSTAGES,
+                   key_pg, cv, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
-                   FOLD_PREC, INTERP, FMODE, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE)
+                   FOLD_PREC, INTERP, FMODE, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE, KW, BLOCK_L, BLOCK_T)
     elif ROUTE != 0 or (HEADS == 1 and not DYN):
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                    s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                    is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, cks_ptr, s_cks_pg, s_cks_h,
-                   key_pg, P, HEADS, HSTAGES,
+                   key_pg, cv, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
                    FOLD_PREC, INTERP, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN, EARLY,
-                   TMA_STORE)
+                   TMA_STORE, KW, BLOCK_L, BLOCK_T)
     elif flush:
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                    s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                    is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, cks_ptr, s_cks_pg, s_cks_h,
-                   key_pg, P, HEADS, HSTAGES,
+                   key_pg, cv, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
-                   FOLD_PREC, INTERP, 1, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE)
+                   FOLD_PREC, INTERP, 1, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE, KW, BLOCK_L, BLOCK_T)
     else:
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                    s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                    is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, cks_ptr, s_cks_pg, s_cks_h,
-                   key_pg, P, HEADS, HSTAGES,
+                   key_pg, cv, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
-                   FOLD_PREC, INTERP, 0, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE)
+                   FOLD_PREC, INTERP, 0, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE, KW, BLOCK_L, BLOCK_T)
 
 
 @triton.jit
@@ -363,7 +392,8 @@ def _tma_program(
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_KN: tl.constexpr,
     BLOCK_S: tl.constexpr, DT_SOFTPLUS: tl.constexpr, INTERP: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr,
     PF_B: tl.constexpr, PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, ROUTE: tl.constexpr, DYN: tl.constexpr,
-    EARLY: tl.constexpr, GDC: tl.constexpr, TMA_STORE: tl.constexpr,
+    EARLY: tl.constexpr, GDC: tl.constexpr, TMA_STORE: tl.constexpr, KW: tl.constexpr, BLOCK_L: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
     """One program's work of the TMA verify kernel: row ``row``, P tile ``pt``, the ``HEADS`` heads of one group
     from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
@@ -371,11 +401,14 @@ def _tma_program(
     come from them, loaded beside the page id, instead of from its page after it. Non-flush rows take a
     ``BLOCK_KN``-row sequence tile where that is shorter than ``BLOCK_K`` (:func:`_tma_body`). ``GDC``
     (``pdl=True``): 1 the program waits for the kernel before after its cursors and L2 prefetches, 2 also after
-    its tile's TMA copy (EARLY), then lets the next kernel launch; 0 no wait."""
+    its tile's TMA copy (EARLY), then lets the next kernel launch; 0 no wait. ``KW`` > 0: the fused layer (x, B and
+    C are the conv outputs of xBC's channels, computed in the program; ``BLOCK_L`` columns of new conv window)."""
     (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
      dtb_ptr, z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
      s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t,
-     s_z_h, s_o_t, s_o_h, s_rc_k, s_rc_r, cks_ptr, seed_ptr, layer, s_cks_pg, s_cks_h) = rt
+     s_z_h, s_o_t, s_o_h, s_rc_k, s_rc_r, cks_ptr, seed_ptr, layer, s_cks_pg, s_cks_h, ct) = rt
+    (xbc_ptr, s_xbc_t, win_ptr, s_win_pg, s_win_c, shift_ptr, rsh_ptr, s_rsh, cw_ptr, s_cw_d, s_cw_k, cb_ptr, silu,
+     width, cnt_ptr, s_cnt_pg, XB, GN) = ct
     ROWCUR: tl.constexpr = rc_ptr is not None
     page32 = tl.load(page_ptr + row)
     lo = tl.load(cu_ptr + row)
@@ -383,6 +416,8 @@ def _tma_program(
     if ROWCUR:  # the row's cursors, gathered once per step: in the page id's round trip, not one after it
         c_row, rs_row = safe_cursors(tl.load(rc_ptr + s_rc_k + row * s_rc_r), tl.load(rc_ptr + row * s_rc_r),
                                      window, R)
+    if KW > 0:  # the row's conv shift: gathered with the step (beside the page id), else its page's after it
+        shift = tl.load(rsh_ptr + row * s_rsh) if rsh_ptr is not None else tl.load(shift_ptr + page32.to(tl.int64))
     keep = (page32 != 0) & (q > 0)
     if ROWCUR:  # clamped cursors are never negative (W, R >= 1): the test only keeps the compiler from sinking
         # their loads past this branch (behind the page id's round trip, which is what they are here to avoid)
@@ -428,7 +463,14 @@ def _tma_program(
             offs_n = offs_n.to(tl.int64)
             tw = tw.to(tl.int64)
         # what the heads share: C over the window, the cursors, the sequence's B rows and the Gram B·Cᵀ
-        Cw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :], mask=ms[:, None], other=0.0)
+        if KW > 0:  # the conv outputs of the group's C channels, rounded as the pair stores them
+            cv = conv_operands(xbc_ptr, s_xbc_t, win_ptr, page, s_win_pg, s_win_c, shift, lo, q, width, cw_ptr, s_cw_d,
+                               s_cw_k, cb_ptr, silu, KW)
+            Cw = conv_rows(cv, XB + GN + g * s_C_g + offs_n, ss, KW, BLOCK_T)
+            Cw = tl.where(ms[:, None], Cw, 0.0).to(C_ptr.dtype.element_ty)
+        else:
+            cv = page  # unused
+            Cw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :], mask=ms[:, None], other=0.0)
         if ROWCUR:
             c = c_row
             rs = rs_row
@@ -438,18 +480,18 @@ def _tma_program(
         # not the ring's BLOCK_K: each route its own build (one launch for both routes: a branch on the route)
         if ROUTE == 0 and BLOCK_KN < BLOCK_K:
             if c + q > window:
-                _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, S_in, P, HPG,
-                          HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, DT_SOFTPLUS, INTERP, PF_AHEAD,
-                          ROUTE, DYN, EARLY, 1, TILE_IN, TMA_STORE)
+                _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, S_in, cv,
+                          P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, DT_SOFTPLUS, INTERP,
+                          PF_AHEAD, ROUTE, DYN, EARLY, 1, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T)
             else:
-                _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, S_in, P, HPG,
-                          HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_KN, BLOCK_S, DT_SOFTPLUS, INTERP, PF_AHEAD,
-                          ROUTE, DYN, EARLY, 0, TILE_IN, TMA_STORE)
+                _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, S_in, cv,
+                          P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_KN, BLOCK_S, DT_SOFTPLUS, INTERP,
+                          PF_AHEAD, ROUTE, DYN, EARLY, 0, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T)
         else:  # one route's rows (the split non-flush launch: the short tile), or one build for both
             BK: tl.constexpr = BLOCK_KN if ROUTE == 1 else BLOCK_K
-            _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, S_in, P, HPG,
-                      HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BK, BLOCK_S, DT_SOFTPLUS, INTERP, PF_AHEAD, ROUTE,
-                      DYN, EARLY, -1, TILE_IN, TMA_STORE)
+            _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, S_in, cv,
+                      P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BK, BLOCK_S, DT_SOFTPLUS, INTERP, PF_AHEAD,
+                      ROUTE, DYN, EARLY, -1, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T)
 
 
 @triton.jit(do_not_specialize=["layer"])  # layer 1 must stay a runtime int (the SR hash casts it)
@@ -471,23 +513,36 @@ def verify_tma_kernel(
     s_z_t, s_z_h,
     s_o_t, s_o_h,
     s_rc_k, s_rc_r,
+    xbc_ptr, win_ptr, shift_ptr, rsh_ptr, cw_ptr, cb_ptr, cnt_ptr, silu, width, XB, GN,
+    s_xbc_t, s_win_pg, s_win_c, s_rsh, s_cw_d, s_cw_k, s_cnt_pg,
     P: tl.constexpr, HPG: tl.constexpr, HEADS: tl.constexpr, HSTAGES: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_KN: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_ROWS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     INTERP: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr, PF_DT: tl.constexpr,
     PF_AHEAD: tl.constexpr, ROUTE: tl.constexpr, EARLY: tl.constexpr, GDC: tl.constexpr, TMA_STORE: tl.constexpr,
+    KW: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """The TMA verify kernel. ``ROUTE`` 0: one program per (row, ``HEADS`` heads, P tile), both routes. ``ROUTE`` 1 / 2
     (the split launches): a persistent grid over the non-flush / flush rows, each program streaming an equal,
     contiguous share of the route's (row, P tile, head) items; on the GPU the two launches are programmatic
-    dependents (the second starts as the first's programs exit, and ends only after the first)."""
+    dependents (the second starts as the first's programs exit, and ends only after the first).
+
+    ``KW`` > 0: the fused layer (:mod:`ssmstate.ops.triton.conv_verify`). ``x``, ``B`` and ``C`` are then views of
+    ``xBC``'s channels (from 0, ``XB`` and ``XB + GN``), the step's conv inputs, and every program computes the conv
+    outputs it reads (its head's x channels, its group's B and C) from them and the page's conv window ``win_ptr``
+    (``KW`` columns of history ending ``shift`` columns before its right end, ``width`` columns), with ``cw_ptr`` /
+    ``cb_ptr`` (weight, bias or None) and the activation (``silu``); it stores its head's x channels' new window,
+    and the last program of a row's group to arrive at ``cnt_ptr`` (zero between launches) the group's B and C
+    channels' (each program reads them: none may store them while another has still to read)."""
     NPT: tl.constexpr = P // BLOCK_P
     PDL: tl.constexpr = 0 if INTERP else ROUTE
     # what every program passes on but the constants (a tuple's constants would lose their constexpr type)
     rt = (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
           dtb_ptr, z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r,
           s_Br_pg, s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t,
-          s_C_g, s_z_t, s_z_h, s_o_t, s_o_h, s_rc_k, s_rc_r, cks_ptr, seed_ptr, layer, s_cks_pg, s_cks_h)
+          s_C_g, s_z_t, s_z_h, s_o_t, s_o_h, s_rc_k, s_rc_r, cks_ptr, seed_ptr, layer, s_cks_pg, s_cks_h,
+          (xbc_ptr, s_xbc_t, win_ptr, s_win_pg, s_win_c, shift_ptr, rsh_ptr, s_rsh, cw_ptr, s_cw_d, s_cw_k, cb_ptr,
+           silu, width, cnt_ptr, s_cnt_pg, XB, GN))
     if PDL == 1 and not GDC:  # the first of two launches: the second may start as soon as SMs free up (GPU
         # only; with GDC each program lets it start once past its wait, in _tma_program)
         tl.extra.cuda.gdc_launch_dependents()
@@ -495,7 +550,7 @@ def verify_tma_kernel(
         pid = tl.program_id(0)
         _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt,
                      P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_KN, BLOCK_S, DT_SOFTPLUS, INTERP,
-                     PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD, ROUTE, False, EARLY, GDC, TMA_STORE)
+                     PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD, ROUTE, False, EARLY, GDC, TMA_STORE, KW, BLOCK_L, BLOCK_T)
     else:
         # a persistent grid over the route's rows, ranked on the device: an empty route costs one pass over the
         # cursors. Route item x is head x % per_row of the route's row x // per_row, every head of unit cost, so
@@ -528,7 +583,8 @@ def verify_tma_kernel(
             nh = tl.minimum(end - x, HPG - h % HPG).to(tl.int32)  # to the group's (row's) end or the share's
             _tma_program(pt, h, nh, r, rt,
                          P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_KN, BLOCK_S, DT_SOFTPLUS,
-                         INTERP, PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD, ROUTE, True, EARLY, GDC, TMA_STORE)
+                         INTERP, PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD, ROUTE, True, EARLY, GDC, TMA_STORE, KW,
+                         BLOCK_L, BLOCK_T)
             x += nh
             k = x // per_row
             r = tl.min(tl.where(rank == k, ridx, BLOCK_ROWS), axis=0)  # the same row, or the route's next
