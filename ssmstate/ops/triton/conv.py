@@ -38,6 +38,14 @@ def _seq_tile(wbase, x_ptr, cols, end, lo, q, offs_d, md, s_win_c, s_x_t, s_x_d,
 
 
 @triton.jit
+def _column(cv, m, KW: tl.constexpr):
+    """Sequence column ``m``'s base pointer (channel 0): the window's history column ``end - KW + m`` for ``m < KW``,
+    else the row's token ``m - KW`` (the window and the tokens share a dtype)."""
+    (xbc_ptr, s_x_t, win_pg, s_win_c, end, lo, q, width, w_ptr, s_w_d, s_w_k, b_ptr, silu) = cv
+    return tl.where(m < KW, win_pg + (end - KW + m) * s_win_c, xbc_ptr + (lo + m - KW) * s_x_t)
+
+
+@triton.jit
 def _window_columns(cv, ch, BLOCK_L: tl.constexpr, KW: tl.constexpr):
     """Channels ``ch``'s sequence columns as a (``BLOCK_L``, channels) tile in the window's dtype: the ``KW`` history
     columns ending at the window's ``end``, then the row's ``q`` tokens, then zeros. One load: each column's pointer
@@ -45,8 +53,7 @@ def _window_columns(cv, ch, BLOCK_L: tl.constexpr, KW: tl.constexpr):
     checks it)."""
     (xbc_ptr, s_x_t, win_pg, s_win_c, end, lo, q, width, w_ptr, s_w_d, s_w_k, b_ptr, silu) = cv
     ll = tl.arange(0, BLOCK_L)
-    col = tl.where(ll < KW, win_pg + (end - KW + ll) * s_win_c, xbc_ptr + (lo + ll - KW) * s_x_t)
-    return tl.load(col[:, None] + ch[None, :], mask=(ll < KW + q)[:, None], other=0.0)
+    return tl.load(_column(cv, ll, KW)[:, None] + ch[None, :], mask=(ll < KW + q)[:, None], other=0.0)
 
 
 @triton.jit
@@ -66,9 +73,8 @@ def conv_rows(cv, ch, seq, KW: tl.constexpr, BLOCK_T: tl.constexpr):
     if b_ptr is not None:
         y += tl.load(b_ptr + ch[None, :]).to(tl.float32)
     for j in tl.static_range(KW + 1):
-        m = t + j  # the sequence column tap j reads for token t: the window's, then the row's tokens
-        col = tl.where(m < KW, win_pg + (end - KW + m) * s_win_c, xbc_ptr + (lo + m - KW) * s_x_t)
-        x = tl.load(col[:, None] + ch[None, :], mask=(t < q)[:, None], other=0.0).to(tl.float32)
+        # token t's tap j reads sequence column t + j: the window's, then the row's tokens
+        x = tl.load(_column(cv, t + j, KW)[:, None] + ch[None, :], mask=(t < q)[:, None], other=0.0).to(tl.float32)
         y += tl.load(w_ptr + ch[None, :] * s_w_d + j * s_w_k).to(tl.float32) * x
     if silu:
         y = y * tl.sigmoid(y)

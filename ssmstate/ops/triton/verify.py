@@ -138,8 +138,8 @@ def verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring:
                           f"{launch.block_p} and N a power of two in [16, 256]; got {tuple(checkpoint.shape)}")
     check_launch(launch, H=H, G=G, N=N, R=R, rows=rows, dev=dev)
     step = Step(checkpoint, checkpoint_scale, sr_seed, int(layer), x_ring, B_ring, dt_ring, ring_start,
-                 num_committed, x, dt, A, B, C, D, dt_bias, z, out, page_ids, cu_seqlens, window, row_cursors, T,
-                 bool(dt_softplus), pdl and dev.compiled)
+                num_committed, x, dt, A, B, C, D, dt_bias, z, out, page_ids, cu_seqlens, window, row_cursors, T,
+                bool(dt_softplus), pdl and dev.compiled)
     if launch.kernel == "tma":
         return tma_launches(step, launch, dev)
     return [_ldg_launch(step, launch, dev)]
