@@ -127,7 +127,6 @@ def fi_rows(fi, pool: bv.Pool, layout: PageLayout, b: int, sets, o, row: dict, a
         best = min(ok, key=ok.get)
         row["fi_nonflush_best_us"], row["fi_best_algorithm"] = ok[best], best
         row["speedup_vs_fi"] = ok[best] / row["ours_nonflush_us"]
-    del scratch
 
 
 def append_rows(path: str, batches: list[int], fi, args, l2: int, bench) -> None:

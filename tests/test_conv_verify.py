@@ -34,7 +34,7 @@ from tests.conv_verify_cases import compare_conv_verify, make_conv_case, run_con
 
 @pytest.fixture(autouse=True)
 def fused_at_every_batch():
-    """The manager's triton ``conv_verify`` takes the fused kernel here whatever the table's ``fused.max_rows``."""
+    """The manager's triton ``conv_verify`` takes the fused kernel here at every batch, on the CPU too."""
     with ot.override(fused={"MAX_ROWS": 1 << 20, "TMA": 1}):
         yield
 

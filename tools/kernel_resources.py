@@ -186,6 +186,25 @@ def wait_order(cubin: bytes) -> dict[str, int]:
             "tma_before_wait": before.count("UTMALDG"), "l2_prefetch_before_wait": before.count("UBLKPF")}
 
 
+def load_rounds(cubin: bytes) -> dict[str, int]:
+    """How the program's loads go out before its first tile copy (``UTMALDG``): the number of barrier-separated
+    runs of the SASS up to it that hold a global load (``LDG``). A barrier there is a layout change through shared
+    memory, and one that takes a loaded value waits for that load, so each run past the first is a round trip the
+    loads after it wait for. -1: no tile copy."""
+    sass = cuobjdump(cubin, "--dump-sass")
+    ops = [m.group(1).split(".")[0] for line in sass.splitlines()
+           if (m := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line))]
+    if "UTMALDG" not in ops:
+        return {"load_rounds_before_tile": -1}
+    rounds, loads = 0, False
+    for op in ops[:ops.index("UTMALDG")]:
+        if op == "BAR":
+            rounds += loads
+            loads = False
+        loads |= op == "LDG"
+    return {"load_rounds_before_tile": rounds + loads}
+
+
 _ELEM_BYTES = {"f32": 4, "i32": 4, "bf16": 2, "f16": 2, "i64": 8, "i8": 1}
 
 
@@ -217,6 +236,7 @@ def report(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, a
         row.update(resources(k.asm["cubin"]))
         row.update(sass_counts(k.asm["cubin"]))
         row.update(wait_order(k.asm["cubin"]))
+        row.update(load_rounds(k.asm["cubin"]))
         if allocs:
             row["shared_allocs"] = shared_allocs(k.asm["ttgir"])
         rows.append(row)

@@ -129,28 +129,31 @@ class TritonBackend:
     def conv_verify(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, dt: Tensor, A: Tensor,
                     weight: Tensor, bias: Tensor | None, activation: str | None, D: Tensor | None,
                     dt_bias: Tensor | None, z: Tensor | None, out: Tensor) -> Tensor:
-        """One fused launch (:func:`~ssmstate.ops.triton.replay_conv_verify`) for steps of up to the launch table's
-        ``fused.max_rows`` rows (0: the fused kernel measured slower than the pair at every batch so far), else
-        ``conv`` then ``verify``; the pair too for what the fused kernel does not write: an 8-bit checkpoint (decode
-        scales) or a stochastically rounded one (``checkpoint_seed`` set). With ``pdl`` the launch waits for the
-        kernel before it, then lets the next one launch.
+        """One fused launch (:func:`~ssmstate.ops.triton.replay_conv_verify`) for steps whose verify grid takes the
+        latency launch (:func:`~ssmstate.ops.triton.config.fused_takes`: at most the launch table's
+        ``fused.max_programs_per_sm`` programs per SM, on a GPU), else ``conv`` then ``verify``; the pair too for
+        what the fused kernel does not write: an 8-bit checkpoint (decode scales) or a stochastically rounded one
+        (``checkpoint_seed`` set). With ``pdl`` the launch waits for the kernel before it, then lets the next one
+        launch.
 
-        The pair launches as programmatic dependents also where the launch table's ``pair_pdl.max_rows`` says that
-        is faster (small steps; fp32/bf16/fp16 checkpoints): here the kernel right before the verify is always this
-        layer's conv, which the PDL rule allows, and the conv waits for everything before it.
+        Either form launches as programmatic dependents also where the launch table's ``pair_pdl.max_rows`` says
+        that is faster (small steps; fp32/bf16/fp16 checkpoints): the pair's verify reads only its own conv's
+        output early, the conv waits for everything before it, and the fused kernel reads the step's inputs only
+        after its wait.
         """
         t = cache.layers[layer]
         ops = _ops()
         plain = t["checkpoint"].dtype in ops.conv_verify.STATE_DTYPES and cache.checkpoint_seed is None
-        if not plain or plan.num_rows > ops.config.fused_max_rows():
-            pdl = self.pdl or (plain and plan.num_rows <= ops.config.pair_pdl_max_rows())
+        pdl = self.pdl or (plain and plan.num_rows <= ops.config.pair_pdl_max_rows())
+        _, H, P, N = t["checkpoint"].shape
+        if not plain or not ops.config.fused_takes(plan.num_rows, H, P, N, xBC.device):
             return unfused_conv_verify(self, cache, layer, plan, xBC, dt, A, weight, bias, activation, D, dt_bias,
                                        z, out, pdl=pdl)
         return ops.replay_conv_verify(
             t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start, cache.num_committed,
             t["conv"], cache.conv_shift, xBC, dt, A, weight, bias, plan.page_ids, plan.cu_seqlens,
             cache.layout.spec.window, out, D=D, dt_bias=dt_bias, z=z, activation=activation,
-            row_cursors=plan.row_cursors, counters=fused_counters(cache), pdl=self.pdl, row_shift=plan.row_conv_shift,
+            row_cursors=plan.row_cursors, counters=fused_counters(cache), pdl=pdl, row_shift=plan.row_conv_shift,
         )
 
     def commit(self, cache: StateCache, plan: StepPlan, accepted: Tensor, update_conv: bool,

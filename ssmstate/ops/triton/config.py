@@ -25,8 +25,8 @@ from ssmstate.errors import ConfigError
 from ssmstate.ops.triton.common import compiled, dram_gbps_per_sm, num_sms, pow2
 
 #: the fields an override may set (besides ``shape``, a name in the table), and those of one kernel only
-OVERRIDE_KEYS = ("BLOCK_P", "FOLD_N", "HEADS", "PROGS", "KSPLIT", "TMA_STORE", "HPP", "NC", "maxnreg")
-TMA_ONLY_KEYS = frozenset({"HEADS", "PROGS", "KSPLIT", "TMA_STORE"})
+OVERRIDE_KEYS = ("BLOCK_P", "FOLD_N", "HEADS", "PROGS", "KSPLIT", "TMA_STORE", "LATE", "HPP", "NC", "maxnreg")
+TMA_ONLY_KEYS = frozenset({"HEADS", "PROGS", "KSPLIT", "TMA_STORE", "LATE"})
 LDG_ONLY_KEYS = frozenset({"HPP", "NC"})
 
 
@@ -65,6 +65,7 @@ class Launch:
     fold_n: int  # N columns per chunk of a flush row's fold (N: the whole tile)
     maxnreg: int = 0  # register cap (0: none; GPU only)
     early: bool = False  # TMA, one head per program: its gathers and tile copy issued beside B's rows
+    late: bool = False  # early: the loaded operands reach shared memory only once every load and the copy are out
     l2pf: int = 0  # TMA: L2 prefetches at the start, 1 the first tile, 2 also the rings
     pf_heads: int = 0  # TMA: each head-loop iteration prefetches the next head's tile into L2
     heads: int = 1  # TMA: heads of one group per program (> 1: a 2-stage software pipeline)
@@ -109,7 +110,7 @@ def override(device: DeviceClass | None = None, fused: dict[str, int] | None = N
     for key in OVERRIDE_KEYS:
         if key in launch and (isinstance(launch[key], bool) or not isinstance(launch[key], int)):
             raise ConfigError(f"override {key} must be an int, got {launch[key]!r}")
-    for key in ("KSPLIT", "TMA_STORE"):
+    for key in ("KSPLIT", "TMA_STORE", "LATE"):
         if launch.get(key, 0) not in (0, 1):
             raise ConfigError(f"override {key} must be 0 or 1, got {launch[key]!r}")
     token = _OVERRIDE.set(_Override(device, dict(launch), dict(fused or {}), dict(conv or {})))
@@ -171,7 +172,8 @@ def named_launch(shape: str, *, block_p: int, N: int, long_ring: bool, hpp: int 
         spec.update(spec.get("long_ring", {}))
     fold_n = spec.get("FOLD_N", 32) or pow2(N)
     return Launch(shape=shape, kernel=spec["kernel"], block_p=block_p, fold_n=fold_n,
-                  maxnreg=spec.get("maxnreg", 0), early=bool(spec.get("EARLY", 0)), l2pf=spec.get("L2PF", 0),
+                  maxnreg=spec.get("maxnreg", 0), early=bool(spec.get("EARLY", 0)), late=bool(spec.get("LATE", 0)),
+                  l2pf=spec.get("L2PF", 0),
                   pf_heads=spec.get("PFHEADS", 0), heads=spec.get("HEADS", 1), split=bool(spec.get("SPLIT", 0)),
                   progs=spec.get("PROGS", 3), ksplit=bool(spec.get("KSPLIT", 0)),
                   tma_store=bool(spec.get("TMA_STORE", 0)), hpp=hpp, nc=spec.get("NC", 0))
@@ -256,8 +258,8 @@ def choose_launch(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
         elif pow2(R) <= _limit("tma_max_seq_rows"):  # a 64-row sequence tile (W = 32) spills under this cap
             launch = attrs.evolve(launch, maxnreg=80)
     names = {"BLOCK_P": "block_p", "FOLD_N": "fold_n", "HEADS": "heads", "PROGS": "progs", "KSPLIT": "ksplit",
-             "TMA_STORE": "tma_store", "HPP": "hpp", "NC": "nc", "maxnreg": "maxnreg"}
-    return attrs.evolve(launch, **{names[k]: bool(v) if k in ("KSPLIT", "TMA_STORE") else v
+             "TMA_STORE": "tma_store", "LATE": "late", "HPP": "hpp", "NC": "nc", "maxnreg": "maxnreg"}
+    return attrs.evolve(launch, **{names[k]: bool(v) if k in ("KSPLIT", "TMA_STORE", "LATE") else v
                                    for k, v in fields.items()})
 
 
@@ -345,13 +347,18 @@ def _check_fused_override(fields: dict[str, int]) -> None:
                               f"or 1), got {v!r}")
 
 
-def fused_max_rows() -> int:
-    """The most rows a step may have for the "triton" backend's ``conv_verify`` to run the fused kernel (more: its
-    conv and verify launches, faster there); the table's ``max_rows``, or an :func:`override`'s ``MAX_ROWS``."""
+def fused_takes(rows: int, H: int, P: int, N: int, device: torch.device) -> bool:
+    """Whether the "triton" backend's ``conv_verify`` runs a step of ``rows`` rows in the fused kernel rather than its
+    conv and verify launches: on a GPU, where the TMA kernel's grid (one program per head and P tile) has at most
+    the table's ``max_programs_per_sm`` programs per SM, the latency launch; with an :func:`override`'s
+    ``MAX_ROWS``, up to that many rows on any device."""
     ov = _OVERRIDE.get()
     if ov is not None and "MAX_ROWS" in ov.fused:
-        return ov.fused["MAX_ROWS"]
-    return table()["fused"]["max_rows"]
+        return rows <= ov.fused["MAX_ROWS"]
+    dev = device_class(device)
+    block = tma_block_p(P, N, dev)
+    per_sm = table()["fused"]["max_programs_per_sm"]
+    return dev.compiled and block > 0 and rows * H * (P // block) <= per_sm * dev.sms
 
 
 def fused_tma() -> bool:

@@ -46,59 +46,86 @@ def _column(cv, m, KW: tl.constexpr):
 
 
 @triton.jit
-def _window_columns(cv, ch, BLOCK_L: tl.constexpr, KW: tl.constexpr):
+def window_loads(cv, ch, BLOCK_L: tl.constexpr, KW: tl.constexpr):
     """Channels ``ch``'s sequence columns as a (``BLOCK_L``, channels) tile in the window's dtype: the ``KW`` history
-    columns ending at the window's ``end``, then the row's ``q`` tokens, then zeros. One load: each column's pointer
-    is the window's or the tokens' (they share a dtype, :func:`~ssmstate.ops.triton.conv_verify.conv_verify_launches`
-    checks it)."""
-    (xbc_ptr, s_x_t, win_pg, s_win_c, end, lo, q, width, w_ptr, s_w_d, s_w_k, b_ptr, silu) = cv
+    columns ending at the window's ``end``, then the row's ``q`` tokens, then zeros; what :func:`store_window`
+    stores. One load: each column's pointer is the window's or the tokens' (they share a dtype,
+    :func:`~ssmstate.ops.triton.conv_verify.conv_verify_launches` checks it)."""
     ll = tl.arange(0, BLOCK_L)
-    return tl.load(_column(cv, ll, KW)[:, None] + ch[None, :], mask=(ll < KW + q)[:, None], other=0.0)
+    return tl.load(_column(cv, ll, KW)[:, None] + ch[None, :], mask=(ll < KW + cv[6])[:, None], other=0.0)
 
 
 @triton.jit
-def conv_rows(cv, ch, seq, KW: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Channels ``ch``'s conv outputs at sequence rows ``seq`` of the row's tokens (``seq``: a (rows,) index, row r
-    holding token ``seq[r]`` where ``0 <= seq[r] < q``; others: any token's value, to be masked), rounded to the
-    inputs' dtype as the pair's conv stores them: a (len(seq), len(ch)) tile, as the fused layer kernel places its
-    verify inputs.
-
-    Computed on a compact (``BLOCK_T``, channels) tile of the row's tokens, ``act(bias + Σ_j w_j col(t + j))`` over
-    the sequence columns of :func:`_window_columns` (each tap's columns one load, summed in
-    :func:`_conv_update_kernel`'s order), then gathered into place: the sequence tiles are mostly history rows,
-    which need no conv. ``cv``: :func:`conv_operands`."""
+def conv_loads(cv, ch, KW: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Channels ``ch``'s conv inputs for the row's tokens, loads only: the fused layer issues them beside its other
+    loads and its tile's copy, and computes (:func:`conv_outputs`) once they are in. Returns the ``KW + 1`` taps'
+    (``BLOCK_T``, channels) tiles (token ``t``'s tap ``j`` is sequence column ``t + j``: the window's, then the row's
+    tokens; tokens past ``q`` are 0), the taps' weights and the bias (``b_ptr`` when there is none), each loaded as a
+    whole (``BLOCK_T``, channels) tile of repeated rows: a loaded (1, channels) row broadcast over the tokens would
+    change layout right at its load, and that layout change waits for the load before the next one goes out.
+    ``cv``: :func:`conv_operands`."""
     (xbc_ptr, s_x_t, win_pg, s_win_c, end, lo, q, width, w_ptr, s_w_d, s_w_k, b_ptr, silu) = cv
     t = tl.arange(0, BLOCK_T)
-    y = tl.zeros((BLOCK_T, ch.shape[0]), dtype=tl.float32)
-    if b_ptr is not None:
-        y += tl.load(b_ptr + ch[None, :]).to(tl.float32)
+    rows = tl.zeros((BLOCK_T, 1), dtype=tl.int32)  # every token's row of the weights and bias
+    # the channels times a runtime 1 (q > 0 on every row that gets here): the compiler cannot prove them contiguous,
+    # so it loads each tap element by element straight into the layout of conv_outputs' gather. Proven contiguous,
+    # they load 16 bytes at a time in another layout, changed right at the load, which waits for it before the next
+    # load goes out: the program's loads then go out one round trip after another
+    ch = ch * (q > 0).to(ch.dtype)
+    taps = ()
+    wts = ()
     for j in tl.static_range(KW + 1):
-        # token t's tap j reads sequence column t + j: the window's, then the row's tokens
-        x = tl.load(_column(cv, t + j, KW)[:, None] + ch[None, :], mask=(t < q)[:, None], other=0.0).to(tl.float32)
-        y += tl.load(w_ptr + ch[None, :] * s_w_d + j * s_w_k).to(tl.float32) * x
+        taps = taps + (tl.load(_column(cv, t + j, KW)[:, None] + ch[None, :], mask=(t < q)[:, None], other=0.0),)
+        wts = wts + (tl.load(w_ptr + rows + ch[None, :] * s_w_d + j * s_w_k),)
+    if b_ptr is not None:
+        bias = tl.load(b_ptr + rows + ch[None, :])
+    else:
+        bias = b_ptr
+    return taps, wts, bias
+
+
+@triton.jit
+def conv_outputs(cv, pre, seq, KW: tl.constexpr, BLOCK_T: tl.constexpr, PLACE: tl.constexpr = True):
+    """The conv outputs of :func:`conv_loads`'s channels (``pre``) at sequence rows ``seq`` of the row's tokens
+    (``seq``: a (rows,) index, row r holding token ``seq[r]`` where ``0 <= seq[r] < q``; others: any token's value,
+    to be masked), rounded to the inputs' dtype as the pair's conv stores them: a (len(seq), channels) tile, as the
+    fused layer kernel places its verify inputs (``PLACE`` False: ``seq`` is ``arange(BLOCK_T)``, the compact tile
+    as it is).
+
+    ``act(bias + Σ_j w_j col(t + j))`` on the compact (``BLOCK_T``, channels) tile of the row's tokens, summed in
+    :func:`_conv_update_kernel`'s order, then gathered into place: the sequence tiles are mostly history rows, which
+    need no conv."""
+    (xbc_ptr, s_x_t, win_pg, s_win_c, end, lo, q, width, w_ptr, s_w_d, s_w_k, b_ptr, silu) = cv
+    taps, wts, bias = pre
+    y = tl.zeros(taps[0].shape, dtype=tl.float32)
+    if b_ptr is not None:
+        y += bias.to(tl.float32)
+    for j in tl.static_range(KW + 1):
+        y += wts[j].to(tl.float32) * taps[j].to(tl.float32)
     if silu:
         y = y * tl.sigmoid(y)
     y = y.to(xbc_ptr.dtype.element_ty)
+    if not PLACE:
+        return y
     idx = tl.minimum(tl.maximum(seq, 0), BLOCK_T - 1)
-    return tl.gather(y, tl.broadcast_to(idx[:, None], (seq.shape[0], ch.shape[0])), 0)
+    return tl.gather(y, tl.broadcast_to(idx[:, None], (seq.shape[0], y.shape[1])), 0)
 
 
 @triton.jit
 def conv_operands(xbc_ptr, s_x_t, win_ptr, page, s_win_pg, s_win_c, shift, lo, q, width, w_ptr, s_w_d, s_w_k,
                   b_ptr, silu, KW: tl.constexpr):
-    """The row's conv operands as :func:`conv_rows` and :func:`store_window` take them: its page's window and its
+    """The row's conv operands as :func:`conv_loads` and :func:`window_loads` take them: its page's window and its
     right end ``width - shift`` (the shift clamped to ``[0, width - KW]``, as the conv update reads it)."""
     end = width - tl.minimum(tl.maximum(shift, 0), width - KW)
     return (xbc_ptr, s_x_t, win_ptr + page * s_win_pg, s_win_c, end, lo, q, width, w_ptr, s_w_d, s_w_k, b_ptr, silu)
 
 
 @triton.jit
-def store_window(cv, ch, KW: tl.constexpr, BLOCK_L: tl.constexpr):
-    """Channels ``ch``'s new window: the last ``KW + q`` sequence columns, right-aligned (the conv update's). They are
-    loaded first, then a barrier: other threads of the program read these channels' old columns (in other layouts)
-    and the window is updated in place."""
+def store_window(cv, seq, ch, KW: tl.constexpr, BLOCK_L: tl.constexpr):
+    """Channels ``ch``'s new window: the last ``KW + q`` sequence columns (``seq``, :func:`window_loads`),
+    right-aligned (the conv update's), after a barrier: other threads of the program read these channels' old
+    columns (in other layouts) and the window is updated in place."""
     (xbc_ptr, s_x_t, win_pg, s_win_c, end, lo, q, width, w_ptr, s_w_d, s_w_k, b_ptr, silu) = cv
-    seq = _window_columns(cv, ch, BLOCK_L, KW)
     ll = tl.arange(0, BLOCK_L)
     dst = width - (KW + q) + ll
     tl.debug_barrier()

@@ -28,7 +28,7 @@ from ssmstate.ops.triton.common import (
     chunk, decay, fold_chunk, fold_chunk_value, fold_tile, fold_weights, load_chunk, pdl_wait, prefetch_l2,
     safe_cursors, softplus, wrap,
 )
-from ssmstate.ops.triton.conv import arrive, conv_operands, conv_rows, store_window
+from ssmstate.ops.triton.conv import arrive, conv_loads, conv_operands, conv_outputs, store_window, window_loads
 from ssmstate.ops.triton.quant import (
     chunk_amax, codes_as, dequant, encode_scales, encode_tile, fold_store_quant, round_store_value, sr_bits,
     sr_head_key, sr_page_key,
@@ -38,16 +38,23 @@ from ssmstate.ops.triton.quant import (
 @triton.jit
 def _tma_gathers(h, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
                  s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p, is_hist,
-                 is_new, is_seq, ms, cv, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr,
-                 KW: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr):
+                 is_new, is_seq, ms, cv, cks_ptr, s_cks_pg, s_cks_h, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr,
+                 HAS_Z: tl.constexpr, KW: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr):
     """Head ``h``'s loads but its checkpoint tile: x over the sequence (K, BLOCK_P), the history's dt, the
-    window's raw dt (+ dt_bias), A, D and the gate z (BLOCK_P, BLOCK_S); absent ones are A. ``KW`` > 0 (the fused
-    layer): the window's x rows are the conv's outputs of the head's channels, computed from ``cv``."""
+    window's raw dt (+ dt_bias), A, D, the gate z (BLOCK_P, BLOCK_S) and an 8-bit checkpoint's decode scales
+    (BLOCK_P,) (``cks_ptr``: loaded here, ahead of the tile's copy, as the readout needs them once the tile is in);
+    absent ones are A. ``KW`` > 0 (the fused layer): the window's x rows are the conv's outputs of the head's
+    channels, so x is the history's rows, the conv's loads and the channels' sequence columns (:func:`_conv_x`
+    computes from them once the tile's copy has gone out)."""
+    QUANT: tl.constexpr = cks_ptr is not None
+    if QUANT:
+        sc = tl.load(cks_ptr + page * s_cks_pg + h * s_cks_h + offs_p)
     xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
     if KW > 0:  # x is xBC's x channels (head stride P): the head's channels are h * s_x_h + p
-        X_hist = tl.load(xr_h + ring[:, None] * s_xr_r + offs_p[None, :], mask=is_hist[:, None], other=0.0)
-        X_new = conv_rows(cv, h * s_x_h + offs_p, tok - cv[5], KW, BLOCK_T)  # cv[5]: the row's first token
-        X_raw = tl.where(is_new[:, None], X_new.to(X_hist.dtype), X_hist)
+        chx = h * s_x_h + offs_p
+        pre_x = conv_loads(cv, chx, KW, BLOCK_T)
+        win_x = window_loads(cv, chx, BLOCK_L, KW)
+        X_raw = win_x  # placeholder until the end
     else:
         x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
         X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)
@@ -61,14 +68,38 @@ def _tma_gathers(h, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr,
         zz = tl.load(z_ptr + tw[None, :] * s_z_t + h * s_z_h + offs_p[:, None], mask=ms[None, :], other=0.0)
     else:
         zz = A
-    return X_raw, dth, dtn, A, Dh, zz
+    if KW > 0:  # the history's rows last: a layout change placed at their load would wait there
+        X_hist = tl.load(xr_h + ring[:, None] * s_xr_r + offs_p[None, :], mask=is_hist[:, None], other=0.0)
+        X_raw = (X_hist, pre_x, win_x)
+    if not QUANT:
+        sc = A
+    return X_raw, dth, dtn, A, Dh, zz, sc
+
+
+@triton.jit
+def _late(x, live):
+    """``x`` (``live`` is true on every row that gets here), as a value defined where this is called. The compiler
+    places the shared-memory store that feeds a loaded tensor to a tensor-core product right after its load, where
+    it waits for the load before any later load goes out; fed through this op, it is placed here instead, once the
+    program's loads and its tile's copy have all gone out."""
+    return tl.where(live, x, 0.0)
+
+
+@triton.jit
+def _conv_x(X_in, cv, is_new, tok, KW: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The fused layer's x of a head over the sequence from :func:`_tma_gathers`' (history rows, conv loads,
+    sequence columns): the history's rows and the window's conv outputs (``cv[5]``: the row's first token), with the
+    sequence columns passed on for the window's store."""
+    X_hist, pre_x, win_x = X_in
+    X = tl.where(is_new[:, None], conv_outputs(cv, pre_x, tok - cv[5], KW, BLOCK_T).to(X_hist.dtype), X_hist)
+    return X, win_x
 
 
 @triton.jit
 def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0, i,
               last, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
               s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p, is_hist,
-              is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_raw, dth, dtn, A, Dh, zz, S_pre,
+              is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_raw, dth, dtn, A, Dh, zz, sc, S_pre,
               cks_ptr, s_cks_pg, s_cks_h, key_pg, cv,
               P: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr,
               HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
@@ -80,8 +111,8 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
     (``X_raw`` .. ``zz``) were issued one iteration earlier. Returns head ``i + 1``'s gathers, issued here
     (``NEXT``; else this head's again). ``cks_ptr``, ``s_cks_*``: the decode scales and their page and head
     strides (None: an unquantized checkpoint); ``key_pg``: the page's stochastic-rounding hash state (None: round
-    to nearest). ``cv``, ``KW`` > 0: the fused layer's conv operands (:func:`_tma_gathers`); the head's x channels'
-    new conv window is stored here, ``BLOCK_L`` columns wide."""
+    to nearest). ``cv``, ``KW`` > 0: the fused layer's conv operands (:func:`_tma_gathers`); the head's x is computed
+    here, once its tile's copy has gone out, and its channels' new conv window stored, ``BLOCK_L`` columns wide."""
     CK_TY: tl.constexpr = ck_ptr.dtype.element_ty
     QMODE: tl.constexpr = (1 if CK_TY == tl.int8 else 2) if cks_ptr is not None else 0
     SR: tl.constexpr = key_pg is not None
@@ -90,22 +121,26 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
         ahead = tl.minimum(i + PF_AHEAD, last)
         prefetch_l2(ck_ptr + (ck_row0 + ahead * P).to(tl.int64) * BLOCK_N, PF_TILE)
     if NEXT:  # the next head's gathers go out now, into registers, and land while this head computes
-        X_n, dth_n, dtn_n, A_n, D_n, zz_n = _tma_gathers(
+        X_n, dth_n, dtn_n, A_n, D_n, zz_n, sc_n = _tma_gathers(
             h0 + tl.minimum(i + 1, last), page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr,
             z_ptr, s_xr_pg, s_xr_h, s_xr_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t,
-            s_z_h, ring, tok, tw, offs_p, is_hist, is_new, is_seq, ms, cv, HAS_D, HAS_DTB, HAS_Z, KW, BLOCK_L, BLOCK_T)
+            s_z_h, ring, tok, tw, offs_p, is_hist, is_new, is_seq, ms, cv, cks_ptr, s_cks_pg, s_cks_h, HAS_D,
+            HAS_DTB, HAS_Z, KW, BLOCK_L, BLOCK_T)
     else:
-        X_n, dth_n, dtn_n, A_n, D_n, zz_n = X_raw, dth, dtn, A, Dh, zz
+        X_n, dth_n, dtn_n, A_n, D_n, zz_n, sc_n = X_raw, dth, dtn, A, Dh, zz, sc
     xr_h = xr_ptr + page * s_xr_pg + h * s_xr_h
     dtr_h = dtr_ptr + page * s_dtr_pg + h * s_dtr_h
-    if QMODE > 0:  # the tile's decode scales, loaded before its fold may rewrite them
+    if QMODE > 0:  # the tile's decode scales' row (``sc``: loaded with the gathers, before its fold may rewrite them)
         cks_row = cks_ptr + page * s_cks_pg + h * s_cks_h + offs_p
-        sc = tl.load(cks_row)
     # the checkpoint tile: one TMA copy into shared memory
     if PRE_TILE:  # EARLY: one head per program, its tile copied by the caller before the Gram
         S0 = S_pre
     else:
         S0 = ck_desc.load([ck_row0 + i * P, 0])
+    if KW > 0:  # the window's x rows: the conv's outputs of the head's channels (PRE_TILE: computed by the caller)
+        if not PRE_TILE:
+            X_raw = _conv_x(X_raw, cv, is_new, tok, KW, BLOCK_T)
+        X_raw, win_x = X_raw
     # Λ over the sequence, the causal factors F[k, s] = (B_k·C_s) dt_k e^{A (Λ_{c+s} - Λ_k)}
     if DT_SOFTPLUS:
         dtn = softplus(dtn)
@@ -141,7 +176,7 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
     if pt == 0:
         tl.store(dtr_h + ring * s_dtr_r, dtn, mask=is_new)
     if KW > 0:  # the head's x channels' new conv window (this program is their only reader and writer)
-        store_window(cv, h * s_x_h + offs_p, KW, BLOCK_L)
+        store_window(cv, win_x, h * s_x_h + offs_p, KW, BLOCK_L)
     if fold:
         # flush row: S1 = e^{A Λ_h} S0 + (X_h w)ᵀ B_h over the c history rows, stored over S0
         XTw, hi, lo_, carry = fold_weights(XT, dth, A, FOLD_SPLIT)
@@ -189,7 +224,7 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
                 oc, ck, mc = chunk(ck_page, h, s_ck_h, n0, mp, N, BLOCK_N, BLOCK_P, FOLD_N, IDX64)
                 fold_chunk(load_chunk(ck, mc, True) * carry, ck, mc, oc, b_hist, is_hist, N, XTw, hi, lo_,
                             ck_ptr, True, FOLD_SPLIT, FOLD_PREC)
-    return X_n, dth_n, dtn_n, A_n, D_n, zz_n
+    return X_n, dth_n, dtn_n, A_n, D_n, zz_n, sc_n
 
 
 @triton.jit
@@ -223,34 +258,35 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
     # the first head's gathers; in the loop, head i + 1's are issued before head i computes (Triton's pipeliner
     # would issue them as cp.async at the end of the iteration and wait for them at the top of the next)
     if FIRST:  # EARLY: the first head's gathers and tile, issued by the caller before its Gram
-        X_n, dth_n, dtn_n, A_n, D_n, zz_n, S_pre = first
+        X_n, dth_n, dtn_n, A_n, D_n, zz_n, sc_n, S_pre = first
     else:
         S_pre = B_raw
-        X_n, dth_n, dtn_n, A_n, D_n, zz_n = _tma_gathers(
+        X_n, dth_n, dtn_n, A_n, D_n, zz_n, sc_n = _tma_gathers(
             h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
             s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p, is_hist,
-            is_new, is_seq, ms, cv, HAS_D, HAS_DTB, HAS_Z, KW, BLOCK_L, BLOCK_T)
+            is_new, is_seq, ms, cv, cks_ptr, s_cks_pg, s_cks_h, HAS_D, HAS_DTB, HAS_Z, KW, BLOCK_L,
+            BLOCK_T)
     if DYN:
         i = 0
         while i < nh:
-            X_n, dth_n, dtn_n, A_n, D_n, zz_n = _tma_head(
+            X_n, dth_n, dtn_n, A_n, D_n, zz_n, sc_n = _tma_head(
                 ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0, i,
                 nh - 1, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h,
                 s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                 is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
-                zz_n, S_pre, cks_ptr, s_cks_pg, s_cks_h, key_pg, cv, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z,
-                DT_SOFTPLUS, READ16, DOT_PREC,
+                zz_n, sc_n, S_pre, cks_ptr, s_cks_pg, s_cks_h, key_pg, cv, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D,
+                HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
                 FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, True, False, TMA_STORE, KW, BLOCK_L, BLOCK_T)
             i += 1
     else:
         for i in tl.range(0, HEADS, num_stages=HSTAGES):
-            X_n, dth_n, dtn_n, A_n, D_n, zz_n = _tma_head(
+            X_n, dth_n, dtn_n, A_n, D_n, zz_n, sc_n = _tma_head(
                 ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0, i,
                 HEADS - 1, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h,
                 s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                 is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
-                zz_n, S_pre, cks_ptr, s_cks_pg, s_cks_h, key_pg, cv, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z,
-                DT_SOFTPLUS, READ16, DOT_PREC,
+                zz_n, sc_n, S_pre, cks_ptr, s_cks_pg, s_cks_h, key_pg, cv, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D,
+                HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
                 FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, HEADS > 1, FIRST, TMA_STORE, KW, BLOCK_L,
                 BLOCK_T)
 
@@ -263,13 +299,14 @@ def _tma_body(
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, INTERP: tl.constexpr, PF_AHEAD: tl.constexpr, ROUTE: tl.constexpr,
     DYN: tl.constexpr, EARLY: tl.constexpr, FMODE: tl.constexpr, TILE_IN: tl.constexpr, TMA_STORE: tl.constexpr,
-    KW: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
+    KW: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, LATE: tl.constexpr,
 ):
     """:func:`_tma_program` once the row's cursors are known: the sequence of ``BLOCK_K`` rows (history, then the
     window), the shared B rows and Gram, then the heads. ``FMODE``: the row's route when the caller branched on it
     (0 non-flush, 1 flush: that route's build only), else -1 (the heads decide, as ``ROUTE`` says). ``TILE_IN``
     (with ``EARLY``): the head's checkpoint tile is ``S_in``, copied by the caller. ``KW`` > 0 (the fused layer): the
-    window's B rows (and the caller's C) are conv outputs, from ``cv``."""
+    window's B rows and C (``Cw``: then the conv's loads of C's channels) are conv outputs, from ``cv``, computed
+    once the program's loads and its tile's copy have gone out (one round trip for all three conv stages)."""
     (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
      dtb_ptr, z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
      s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t,
@@ -304,16 +341,22 @@ def _tma_body(
     Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
     # EARLY (one head per program): the head's gathers need only the cursors, so they go out before B's rows
     # instead of after the Gram, and its tile copy too, which then overlaps the gathers' round trip
+    if KW > 0:  # B and C are xBC's B and C channels (group stride N, from channel XB and XB + GN): the conv's loads
+        # and the new windows' columns go out first, the history's B rows after the head's gathers
+        chB = XB + g * s_B_g + offs_n
+        pre_B = conv_loads(cv, chB, KW, BLOCK_T)
+        pre_C = conv_loads(cv, chB + GN, KW, BLOCK_T)
+        win_B = window_loads(cv, chB, BLOCK_L, KW)
+        win_C = window_loads(cv, chB + GN, BLOCK_L, KW)
     if EARLY:
-        X0, dth0, dtn0, A0, D0, zz0 = _tma_gathers(
+        X0, dth0, dtn0, A0, D0, zz0, sc0 = _tma_gathers(
             h0, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, s_xr_pg, s_xr_h, s_xr_r,
             s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, ring, tok, tw, offs_p,
-            is_hist, is_new, is_seq, ms, cv, HAS_D, HAS_DTB, HAS_Z, KW, BLOCK_L, BLOCK_T)
-    if KW > 0:  # B is xBC's B channels (group stride N, from channel XB): the group's are XB + g * s_B_g + n
+            is_hist, is_new, is_seq, ms, cv, cks_ptr, s_cks_pg, s_cks_h, HAS_D, HAS_DTB, HAS_Z, KW, BLOCK_L,
+            BLOCK_T)
+    if KW > 0:
         B_hist = tl.load(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], mask=is_hist[:, None], other=0.0)
-        chB = XB + g * s_B_g + offs_n
-        B_new = conv_rows(cv, chB, tok - lo, KW, BLOCK_T)
-        B_raw = tl.where(is_new[:, None], B_new.to(B_hist.dtype), B_hist)  # (K, BLOCK_N)
+        B_raw = B_hist
     else:
         b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
         B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_N)
@@ -323,10 +366,25 @@ def _tma_body(
         S_pre = ck_desc.load([ck_row0, 0])
     else:
         S_pre = B_raw  # unused: the heads load their own tiles
+    if LATE and KW == 0:  # the loaded operands as values defined past their loads and (EARLY) the tile's copy
+        B_raw = _late(B_raw, q > 0)
+        Cw = _late(Cw, q > 0)
+        if EARLY:
+            X0 = _late(X0, q > 0)
+    if KW > 0:  # the conv outputs of the group's B and C channels (and EARLY, the first head's x), once every load
+        # and the tile's copy are out; the history's rows pass through _late, so their layout change (to the conv
+        # gather's) is placed here, not at their loads
+        B_hist = _late(B_hist, q > 0)
+        B_raw = tl.where(is_new[:, None], conv_outputs(cv, pre_B, tok - lo, KW, BLOCK_T).to(B_hist.dtype), B_hist)
+        Cw = tl.where(ms[:, None], conv_outputs(cv, pre_C, ss, KW, BLOCK_T, BLOCK_S != BLOCK_T), 0.0)
+        Cw = Cw.to(C_ptr.dtype.element_ty)
+        if EARLY:
+            X0 = (_late(X0[0], q > 0), X0[1], X0[2])
+            X0 = _conv_x(X0, cv, is_new, tok, KW, BLOCK_T)
     if EARLY:
-        first = (X0, dth0, dtn0, A0, D0, zz0, S_pre)
+        first = (X0, dth0, dtn0, A0, D0, zz0, sc0, S_pre)
     else:
-        first = (B_raw, B_raw, B_raw, B_raw, B_raw, B_raw, B_raw)  # unused: the heads load their own
+        first = (B_raw, B_raw, B_raw, B_raw, B_raw, B_raw, B_raw, B_raw)  # unused: the heads load their own
     if GRAM16:  # 16-bit B and C: exact products, fp32 accumulation
         Gm = tl.dot(B_raw, tl.trans(Cw))
     else:
@@ -336,8 +394,8 @@ def _tma_body(
     if KW > 0:  # every program of the row's group reads its B and C channels' old window columns; the last of them
         # to arrive (its tile copy in flight meanwhile) stores their new window
         if arrive(cnt_ptr + page * s_cnt_pg + g, nh, HPG * (P // BLOCK_P)):
-            store_window(cv, chB, KW, BLOCK_L)
-            store_window(cv, chB + GN, KW, BLOCK_L)
+            store_window(cv, win_B, chB, KW, BLOCK_L)
+            store_window(cv, win_C, chB + GN, KW, BLOCK_L)
     pos = c + ss
     causal = is_seq[:, None] & (kk[:, None] <= pos[None, :]) & ms[None, :]
     diag = (kk[:, None] == pos[None, :]) & ms[None, :]
@@ -393,7 +451,7 @@ def _tma_program(
     BLOCK_S: tl.constexpr, DT_SOFTPLUS: tl.constexpr, INTERP: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr,
     PF_B: tl.constexpr, PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, ROUTE: tl.constexpr, DYN: tl.constexpr,
     EARLY: tl.constexpr, GDC: tl.constexpr, TMA_STORE: tl.constexpr, KW: tl.constexpr, BLOCK_L: tl.constexpr,
-    BLOCK_T: tl.constexpr,
+    BLOCK_T: tl.constexpr, LATE: tl.constexpr,
 ):
     """One program's work of the TMA verify kernel: row ``row``, P tile ``pt``, the ``HEADS`` heads of one group
     from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
@@ -463,11 +521,10 @@ def _tma_program(
             offs_n = offs_n.to(tl.int64)
             tw = tw.to(tl.int64)
         # what the heads share: C over the window, the cursors, the sequence's B rows and the Gram B·Cᵀ
-        if KW > 0:  # the conv outputs of the group's C channels, rounded as the pair stores them
+        if KW > 0:  # C is the conv's outputs of the group's C channels, computed in _tma_body
             cv = conv_operands(xbc_ptr, s_xbc_t, win_ptr, page, s_win_pg, s_win_c, shift, lo, q, width, cw_ptr, s_cw_d,
                                s_cw_k, cb_ptr, silu, KW)
-            Cw = conv_rows(cv, XB + GN + g * s_C_g + offs_n, ss, KW, BLOCK_T)
-            Cw = tl.where(ms[:, None], Cw, 0.0).to(C_ptr.dtype.element_ty)
+            Cw = page  # unused
         else:
             cv = page  # unused
             Cw = tl.load(C_ptr + tw[:, None] * s_C_t + g * s_C_g + offs_n[None, :], mask=ms[:, None], other=0.0)
@@ -482,16 +539,16 @@ def _tma_program(
             if c + q > window:
                 _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, S_in, cv,
                           P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, DT_SOFTPLUS, INTERP,
-                          PF_AHEAD, ROUTE, DYN, EARLY, 1, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T)
+                          PF_AHEAD, ROUTE, DYN, EARLY, 1, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T, LATE)
             else:
                 _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, S_in, cv,
                           P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_KN, BLOCK_S, DT_SOFTPLUS, INTERP,
-                          PF_AHEAD, ROUTE, DYN, EARLY, 0, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T)
+                          PF_AHEAD, ROUTE, DYN, EARLY, 0, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T, LATE)
         else:  # one route's rows (the split non-flush launch: the short tile), or one build for both
             BK: tl.constexpr = BLOCK_KN if ROUTE == 1 else BLOCK_K
             _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, S_in, cv,
                       P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BK, BLOCK_S, DT_SOFTPLUS, INTERP, PF_AHEAD,
-                      ROUTE, DYN, EARLY, -1, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T)
+                      ROUTE, DYN, EARLY, -1, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T, LATE)
 
 
 @triton.jit(do_not_specialize=["layer"])  # layer 1 must stay a runtime int (the SR hash casts it)
@@ -520,7 +577,7 @@ def verify_tma_kernel(
     BLOCK_KN: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_ROWS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     INTERP: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr, PF_DT: tl.constexpr,
     PF_AHEAD: tl.constexpr, ROUTE: tl.constexpr, EARLY: tl.constexpr, GDC: tl.constexpr, TMA_STORE: tl.constexpr,
-    KW: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
+    KW: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, LATE: tl.constexpr,
 ):
     """The TMA verify kernel. ``ROUTE`` 0: one program per (row, ``HEADS`` heads, P tile), both routes. ``ROUTE`` 1 / 2
     (the split launches): a persistent grid over the non-flush / flush rows, each program streaming an equal,
@@ -550,7 +607,8 @@ def verify_tma_kernel(
         pid = tl.program_id(0)
         _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt,
                      P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_KN, BLOCK_S, DT_SOFTPLUS, INTERP,
-                     PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD, ROUTE, False, EARLY, GDC, TMA_STORE, KW, BLOCK_L, BLOCK_T)
+                     PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD, ROUTE, False, EARLY, GDC, TMA_STORE, KW, BLOCK_L, BLOCK_T,
+                     LATE)
     else:
         # a persistent grid over the route's rows, ranked on the device: an empty route costs one pass over the
         # cursors. Route item x is head x % per_row of the route's row x // per_row, every head of unit cost, so
@@ -584,7 +642,7 @@ def verify_tma_kernel(
             _tma_program(pt, h, nh, r, rt,
                          P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_KN, BLOCK_S, DT_SOFTPLUS,
                          INTERP, PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD, ROUTE, True, EARLY, GDC, TMA_STORE, KW,
-                         BLOCK_L, BLOCK_T)
+                         BLOCK_L, BLOCK_T, LATE)
             x += nh
             k = x // per_row
             r = tl.min(tl.where(rank == k, ridx, BLOCK_ROWS), axis=0)  # the same row, or the route's next
