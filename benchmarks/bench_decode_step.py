@@ -459,8 +459,8 @@ def markdown(paths: list[str]) -> str:
         with open(path) as fh:
             res = json.load(fh)
         runs += res.get("runs", [res])  # a docs/results record holds one run per model under "runs"
-    cols = tuple(v for v in ("ours", "ours_fused", "ours_unfused", "ours_unfused_pdl", "vllm_pair", "fi_backend",
-                             "native") if any(f"{v}_us" in r for res in runs for r in res["rows"]))
+    cols = tuple(v for v in ("ours", "ours_fused", "ours_fused_pdl", "ours_unfused", "ours_unfused_pdl", "vllm_pair",
+                             "fi_backend", "native") if any(f"{v}_us" in r for res in runs for r in res["rows"]))
     out = ["| card | model | batch | flush % | " + " | ".join(cols) + " |", "|---" * (4 + len(cols)) + "|"]
     for res in runs:
         card = res["env"]["gpu"]

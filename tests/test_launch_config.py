@@ -44,7 +44,7 @@ def test_the_table_names_every_shape_with_a_reason():
             "ldg_stream"} == set(shapes)
     for name, spec in shapes.items():
         assert spec["kernel"] in ("tma", "ldg") and len(spec["why"]) > 20, name
-        fields = set(spec) - {"why", "late_why", "kernel", "long_ring"}
+        fields = set(spec) - {"why", "kernel", "long_ring"}
         assert fields <= {*config.OVERRIDE_KEYS, "EARLY", "PFHEADS", "SPLIT", "L2PF"}, name
     assert len(config.OVERRIDE_KEYS) + 1 <= 11  # the user keys: shape and the fields
 

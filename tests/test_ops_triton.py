@@ -309,7 +309,8 @@ def test_verify_and_commit_never_sync(monkeypatch):
 
 @pytest.mark.parametrize("cfg", [{"shape": "base"}, {"shape": "base", "BLOCK_P": 16}, {"shape": "base", "FOLD_N": 8},
                                  {"shape": "latency", "BLOCK_P": 16, "FOLD_N": 16},
-                                 {"shape": "latency", "BLOCK_P": 16, "LATE": 0},
+                                 {"shape": "latency", "BLOCK_P": 16, "LATE": 1},
+                                 {"shape": "split", "BLOCK_P": 16, "LATE": 1},
                                  {"shape": "pipelined", "HEADS": 2}, {"shape": "pipelined", "BLOCK_P": 16, "HEADS": 2},
                                  {"shape": "pipelined", "HEADS": 2, "FOLD_N": 8},
                                  {"shape": "one_head", "BLOCK_P": 16}, {"shape": "base", "KSPLIT": 1},

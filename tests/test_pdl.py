@@ -72,12 +72,12 @@ def test_pdl_build_waits_before_the_step_inputs(batch, W, config, prefetches):
 @pytest.mark.skipif(not _HAVE_TOOLS, reason="Triton's ptxas / cuobjdump not installed")
 @pytest.mark.parametrize("state_dtype", ["float32", "int8"])
 def test_one_head_verify_loads_go_out_together(state_dtype):
-    """``LATE`` (the one-head launches): the program's C, x and B rows (and an 8-bit checkpoint's decode scales) go
+    """``LATE`` (the one-head launch): the program's C, x and B rows (and an 8-bit checkpoint's decode scales) go
     out in one run of loads before its tile's copy, with no barrier between them. The compiler places the
     shared-memory store that feeds a loaded tensor to a product right after its load, and that store waits for
-    the load: without ``LATE`` the rows go out one round trip after another."""
-    late = _builds("--batch", "8", "--state-dtype", state_dtype)
-    early = _builds("--batch", "8", "--state-dtype", state_dtype, "--config", '{"LATE": 0}')
+    the load: without ``LATE`` (the table's launch) the rows go out one round trip after another."""
+    late = _builds("--batch", "8", "--state-dtype", state_dtype, "--config", '{"LATE": 1}')
+    early = _builds("--batch", "8", "--state-dtype", state_dtype)
     assert late[0]["load_rounds_before_tile"] == 1
     assert early[0]["load_rounds_before_tile"] >= 3
 
