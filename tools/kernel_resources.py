@@ -153,31 +153,26 @@ def resources(cubin: bytes) -> dict[str, int]:
     return {"registers": get("REG"), "stack": get("STACK"), "local": get("LOCAL")}
 
 
-def sass_counts(cubin: bytes) -> dict[str, int]:
-    """Counts of SASS opcodes of interest, from the cubin (Triton's cuobjdump)."""
+def sass_ops(cubin: bytes) -> list[str]:
+    """The cubin's SASS opcodes in program order, without predicates or modifiers (Triton's cuobjdump): what the
+    counts and orders below read, dumped once per build."""
     sass = cuobjdump(cubin, "--dump-sass")
-    ops = Counter()
-    total = 0
-    for line in sass.splitlines():
-        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
-        if not m:
-            continue
-        total += 1
-        ops[m.group(1).split(".")[0]] += 1
+    return [m.group(1).split(".")[0] for line in sass.splitlines()
+            if (m := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line))]
+
+
+def sass_counts(ops: list[str]) -> dict[str, int]:
+    """Counts of SASS opcodes of interest (``ops``: :func:`sass_ops`)."""
+    counts = Counter(ops)
     keys = ["BAR", "LDG", "STG", "LDGSTS", "LDS", "STS", "LDSM", "HGMMA", "HMMA", "SHFL", "FFMA", "MUFU", "LDL", "STL"]
-    out = {"instructions": total}
-    out.update({k: ops.get(k, 0) for k in keys})
-    return out
+    return {"instructions": len(ops), **{k: counts.get(k, 0) for k in keys}}
 
 
-def wait_order(cubin: bytes) -> dict[str, int]:
+def wait_order(ops: list[str]) -> dict[str, int]:
     """Where a ``pdl=True`` build waits (``griddepcontrol.wait``: SASS ``ACQBULK``) and lets the next kernel launch
     (``griddepcontrol.launch_dependents``: ``PREEXIT``), as SASS instruction indices (-1: none), and which
     global loads come before the first wait in program order: ``LDG`` (gathers), ``UTMALDG`` (TMA copies) and
-    ``UBLKPF`` (bulk L2 prefetches)."""
-    sass = cuobjdump(cubin, "--dump-sass")
-    ops = [m.group(1).split(".")[0] for line in sass.splitlines()
-           if (m := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line))]
+    ``UBLKPF`` (bulk L2 prefetches). ``ops``: :func:`sass_ops`."""
     first = lambda op: ops.index(op) if op in ops else -1  # noqa: E731
     wait = first("ACQBULK")
     before = ops[:wait] if wait >= 0 else []
@@ -186,14 +181,11 @@ def wait_order(cubin: bytes) -> dict[str, int]:
             "tma_before_wait": before.count("UTMALDG"), "l2_prefetch_before_wait": before.count("UBLKPF")}
 
 
-def load_rounds(cubin: bytes) -> dict[str, int]:
+def load_rounds(ops: list[str]) -> dict[str, int]:
     """How the program's loads go out before its first tile copy (``UTMALDG``): the number of barrier-separated
     runs of the SASS up to it that hold a global load (``LDG``). A barrier there is a layout change through shared
     memory, and one that takes a loaded value waits for that load, so each run past the first is a round trip the
-    loads after it wait for. -1: no tile copy."""
-    sass = cuobjdump(cubin, "--dump-sass")
-    ops = [m.group(1).split(".")[0] for line in sass.splitlines()
-           if (m := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line))]
+    loads after it wait for. -1: no tile copy. ``ops``: :func:`sass_ops`."""
     if "UTMALDG" not in ops:
         return {"load_rounds_before_tile": -1}
     rounds, loads = 0, False
@@ -234,9 +226,10 @@ def report(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, a
             "state_dtype": state_dtype,
         }
         row.update(resources(k.asm["cubin"]))
-        row.update(sass_counts(k.asm["cubin"]))
-        row.update(wait_order(k.asm["cubin"]))
-        row.update(load_rounds(k.asm["cubin"]))
+        ops = sass_ops(k.asm["cubin"])
+        row.update(sass_counts(ops))
+        row.update(wait_order(ops))
+        row.update(load_rounds(ops))
         if allocs:
             row["shared_allocs"] = shared_allocs(k.asm["ttgir"])
         rows.append(row)

@@ -16,11 +16,11 @@ Who writes the conv window (updated in place) while other programs of the same l
   all N channels of B and C) and written by one: the last of them to arrive at the page's counter
   ``counters[page, g]``. Each program increments it (``atomic_add``, acquire-release, GPU scope) as soon as it
   has consumed the old B/C columns, after a barrier of its threads (:func:`~ssmstate.ops.triton.conv.arrive`);
-  the program that sees ``GROUP_PROGS - 1`` knows every other program of the group has read them (their reads happen-before their
-  release, which happens-before its acquire), resets the counter to 0 for the next launch and, at its end, stores
-  the new window (the columns every program of the group loaded with its conv inputs: old values, as no other
-  program writes these channels). The interpreter runs programs one after another; the GPU tests repeat a launch
-  and compare every result bit for bit. A page is one row of a
+  the program that sees ``GROUP_PROGS - 1`` knows every other program of the group has read them (their reads
+  happen-before their release, which happens-before its acquire), resets the counter to 0 for the next launch
+  and, at its end, stores the new window (the columns every program of the group loaded with its conv inputs:
+  old values, as no other program writes these channels). The interpreter runs programs one after another; the
+  GPU tests repeat a launch and compare every result bit for bit. A page is one row of a
   step (the manager's steps never repeat a page; padding rows on page 0 skip everything), so no two rows share a
   counter.
 * the rings and the checkpoint are owned as in the verify kernels: appended ring rows are disjoint from the

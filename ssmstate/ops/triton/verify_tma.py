@@ -54,7 +54,6 @@ def _tma_gathers(h, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr,
         chx = h * s_x_h + offs_p
         pre_x = conv_loads(cv, chx, KW, BLOCK_T)
         win_x = window_loads(cv, chx, BLOCK_L, KW)
-        X_raw = win_x  # placeholder until the end
     else:
         x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
         X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)
