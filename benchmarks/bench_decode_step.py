@@ -44,7 +44,8 @@ Run (repo root, GPU): ``python benchmarks/bench_decode_step.py --json decode_ste
 CPU under the Triton interpreter at toy sizes (timings meaningless). ``--warm MODEL:KERNEL`` only JIT-builds one
 FlashInfer kernel (``ckpt`` or ``ssu``) for a model, for a background prebuild. ``--launch JSON`` captures the
 variants on our Triton backend under a verify launch override (``ssmstate.ops.triton.override`` keys), to time a
-launch the table does not pick over a whole step; the JSON records it.
+launch the table does not pick over a whole step; the JSON records it. ``--launches '{"NAME": {...}}'`` with a
+variant ``ours@NAME`` times a launch beside the table's own and vLLM's pair in the same process.
 """
 
 from __future__ import annotations
@@ -77,6 +78,16 @@ K, W = 3, 16
 log = bv.log
 #: --launch: a verify launch override (ssmstate.ops.triton.override keys) for every variant on the "triton" backend
 LAUNCH: dict = {}
+#: --launches: named overrides; a variant ``VARIANT@NAME`` is VARIANT run under NAME's, so two launches are timed in
+#: one process (e.g. ``ours@late`` beside ``ours`` and ``vllm_pair``)
+LAUNCHES: dict[str, dict] = {}
+
+
+def split_variant(variant: str) -> tuple[str, dict]:
+    """``(variant, override)`` of a ``VARIANT@NAME`` name: the variant run and its launch (``--launch`` with
+    NAME's fields over it)."""
+    base, _, name = variant.partition("@")
+    return base, {**LAUNCH, **LAUNCHES[name]} if name else dict(LAUNCH)
 
 
 def load_vllm_conv():
@@ -168,6 +179,7 @@ def cursor_stats(acc: list[list[int]], warm: int) -> tuple[float, float]:
 
 def manager_step(variant: str, g, rows: int, inp: Inputs, fi_backend, vconv, l2: int):
     """``(run(accepted, previous) -> µs, cleanup)`` for a variant driven through a StateManager."""
+    variant, launch = split_variant(variant)
     from ssmstate import PageLayout, SpecConfig, StateManager
     from ssmstate.ops import triton as trk
     from ssmstate.ops.reference import split_xbc
@@ -218,7 +230,7 @@ def manager_step(variant: str, g, rows: int, inp: Inputs, fi_backend, vconv, l2:
             m.verify(lay, plan, x, inp.dt, B, C, inp.A, D=inp.D, dt_bias=inp.dt_bias, out=inp.y)
 
     def launch_override():  # the graph keeps the launches chosen while it is captured
-        return override(**LAUNCH) if LAUNCH and name == "triton" else contextlib.nullcontext()
+        return override(**launch) if launch and name == "triton" else contextlib.nullcontext()
 
     if bv.SMOKE:
         def run(a: torch.Tensor, p: torch.Tensor) -> float:
@@ -376,7 +388,7 @@ def bench_model(model: str, batches: list[int], variants: list[str], args, fi, v
         first = torch.ones(b, dtype=torch.int32)
         for v in variants:
             why = skip_reason(v, fi, vconv)
-            if why is None and v in EXTRA and args.extra_batches and b not in args.extra_batches:
+            if why is None and split_variant(v)[0] in EXTRA and args.extra_batches and b not in args.extra_batches:
                 why = "not run at this batch (--extra-batches)"
             if why:
                 row[f"{v}_skipped"] = why
@@ -395,6 +407,8 @@ def bench_model(model: str, batches: list[int], variants: list[str], args, fi, v
             us = statistics.median(times[args.warm_steps:])
             nbytes = bytes_per_step(v, g, b, flush_frac, mean_c)
             row[f"{v}_us"] = us
+            if "@" in v:
+                row[f"{v}_launch"] = split_variant(v)[1]
             row[f"{v}_bytes"] = nbytes
             row[f"{v}_frac_of_copy"] = nbytes / (us * 1e-6) / 1e12 / copy_tbps
             if not bv.SMOKE:
@@ -412,6 +426,11 @@ def bench_model(model: str, batches: list[int], variants: list[str], args, fi, v
 def skip_reason(variant: str, fi, vconv) -> str | None:
     from ssmstate import StateManager
 
+    variant, name = variant.partition("@")[::2]
+    if name and name not in LAUNCHES:
+        return f"no launch {name!r} in --launches"
+    if name and variant not in ("ours", "ours_unfused", "ours_unfused_pdl") and not variant.startswith("ours_fused"):
+        return "a launch applies to the variants on our Triton backend only"
     if variant not in VARIANTS + EXTRA:
         return f"unknown variant (choose from {', '.join(VARIANTS + EXTRA)})"
     if variant.startswith("ours_fused") and not hasattr(StateManager, "conv_verify"):
@@ -522,6 +541,10 @@ def main() -> None:
     ap.add_argument("--launch", default=None,
                     help="JSON verify launch override (ssmstate.ops.triton.override keys, e.g. '{\"shape\": "
                          "\"one_head\"}') for the variants on our Triton backend")
+    ap.add_argument("--launches", default=None,
+                    help="JSON {NAME: override}: variants VARIANT@NAME run VARIANT under that launch override, in "
+                         "the same process as the others (e.g. '{\"late\": {\"LATE\": 1}}' with --variants "
+                         "ours,ours@late,vllm_pair)")
     ap.add_argument("--warm", default=None, help="only JIT-build FlashInfer's kernel MODEL:ckpt|ssu, then exit")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="the ours variants end to end on CPU under TRITON_INTERPRET=1, toy sizes, 2 layers")
@@ -541,9 +564,10 @@ def main() -> None:
         args.no_flashinfer = True
     elif not torch.cuda.is_available():
         sys.exit("bench_decode_step.py needs a CUDA GPU (or --cpu-smoke)")
-    if LAUNCH:  # refused here (ConfigError), not per variant after minutes of set-up
+    LAUNCHES.update(json.loads(args.launches) if args.launches else {})
+    for launch in [LAUNCH, *LAUNCHES.values()]:  # refused here (ConfigError), not per variant after minutes of set-up
         from ssmstate.ops.triton import override
-        with override(**LAUNCH):
+        with override(**launch):
             pass
     smoke = lambda s, full: s if args.cpu_smoke else full  # noqa: E731
     batches = [int(b) for b in (args.batches or smoke("1,2", "1,2,4,8,16,32,64,128,256")).split(",")]
@@ -562,7 +586,7 @@ def main() -> None:
         name, l2 = props.name, getattr(props, "L2_cache_size", 50 * 2 ** 20) or 50 * 2 ** 20
     env = {"gpu": name, "l2_bytes": l2, "torch": torch.__version__, "triton": triton.__version__,
            "flashinfer": fi_version, "python": platform.python_version(), "command": " ".join(sys.argv),
-           "launch": LAUNCH or None,
+           "launch": LAUNCH or None, "launches": LAUNCHES or None,
            "mix": {"K": K, "W": W, "accept_p": bv.ACCEPT_P, "steps": args.steps, "warm_steps": args.warm_steps}}
     log(json.dumps(env))
     copy_tbps = bv.copy_bandwidth()

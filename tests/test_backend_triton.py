@@ -233,3 +233,27 @@ def test_conv_verify_pair_pdl_rule(monkeypatch, option, state_dtype, rows, want)
     m.conv(0, plan, xbc, torch.randn(Dc, 4), None)
     assert seen == [("conv_update", option)]
     m.rollback(plan)
+
+
+@pytest.mark.parametrize("rows", [1, 6])
+def test_conv_verify_fused_layer_always_pdl(monkeypatch, rows):
+    """Where ``conv_verify`` takes the fused kernel it launches it as a programmatic dependent at every step size
+    (past ``pair_pdl.max_rows`` too): the fused kernel reads the step's inputs only after its wait."""
+    import ssmstate.ops.triton as ops
+
+    geom = Mamba2Geometry(num_heads=2, head_dim=16, state_size=16, n_groups=1, conv_kernel=4, num_layers=1)
+    m = StateManager(PageLayout.replay(geom, SpecConfig(1, window=4)), 8, backend="triton", max_batch=8)
+    seen = []
+    for name in ("conv_update", "replay_verify", "replay_conv_verify"):
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name,
+                            lambda *a, _real=real, _n=name, **k: seen.append((_n, k["pdl"])) or _real(*a, **k))
+    ids = [f"r{i}" for i in range(rows)]
+    for r in ids:
+        m.admit(r)
+    plan = m.begin_step(ids, [2] * rows)
+    L, H, Dc = plan.total_tokens, geom.heads_per_rank, geom.conv_dim_per_rank
+    with ops.override(fused={"MAX_ROWS": 8}):
+        m.conv_verify(0, plan, torch.randn(L, Dc).to(geom.act_dtype), torch.randn(L, H), -torch.ones(H),
+                      torch.randn(Dc, 4), None)
+    assert seen == [("replay_conv_verify", True)]

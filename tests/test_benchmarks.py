@@ -112,6 +112,30 @@ def test_bench_decode_step_launch_override(tmp_path: Path) -> None:
     assert bad.returncode != 0 and "unknown launch override keys ['FOLDN']" in bad.stderr
 
 
+def test_bench_decode_step_named_launches(tmp_path: Path) -> None:
+    """``--launches``: a variant ``VARIANT@NAME`` runs under NAME's override beside the others in one process, with
+    ``--launch`` under it (NAME's fields win); a name not given, or one on a variant not on our Triton backend,
+    is skipped with the reason; a bad override is refused before anything runs."""
+    out = tmp_path / "decode_step.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_decode_step.py"), "--cpu-smoke", "--batches", "1",
+           "--json", str(out), "--launch", '{"shape": "base"}']
+    res = subprocess.run(cmd + ["--variants", "ours_unfused,ours_unfused@f8,ours_unfused@nope,vllm_pair@f8",
+                                "--launches", '{"f8": {"FOLD_N": 8}}'],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(out.read_text())
+    row = got["rows"][0]
+    assert got["env"]["launches"] == {"f8": {"FOLD_N": 8}} and row["ours_unfused_us"] > 0
+    assert row["ours_unfused@f8_us"] > 0 and row["ours_unfused@f8_bytes"] == row["ours_unfused_bytes"]
+    assert row["ours_unfused@f8_launch"] == {"shape": "base", "FOLD_N": 8} and "ours_unfused_launch" not in row
+    assert row["ours_unfused@nope_skipped"] == "no launch 'nope' in --launches"
+    assert row["vllm_pair@f8_skipped"] == "a launch applies to the variants on our Triton backend only"
+    bad = subprocess.run(cmd + ["--variants", "ours_unfused", "--launches", '{"x": {"FOLDN": 8}}'],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert bad.returncode != 0 and "unknown launch override keys ['FOLDN']" in bad.stderr
+
+
 def test_bench_conv_cpu_smoke(tmp_path: Path) -> None:
     """The conv benchmark on CPU under the Triton interpreter: ours on both storage orders, vLLM's skipped."""
     out = tmp_path / "conv.json"

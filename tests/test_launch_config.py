@@ -44,8 +44,10 @@ def test_the_table_names_every_shape_with_a_reason():
             "ldg_stream"} == set(shapes)
     for name, spec in shapes.items():
         assert spec["kernel"] in ("tma", "ldg") and len(spec["why"]) > 20, name
-        fields = set(spec) - {"why", "kernel", "long_ring"}
-        assert fields <= {*config.OVERRIDE_KEYS, "EARLY", "PFHEADS", "SPLIT", "L2PF"}, name
+        fields = set(spec) - {"why", "kernel", "long_ring", "lean", "lean_why"}
+        known = {*config.OVERRIDE_KEYS, "EARLY", "PFHEADS", "SPLIT", "L2PF"}
+        assert fields <= known and set(spec.get("long_ring", {})) | set(spec.get("lean", {})) <= known, name
+        assert ("lean" in spec) == (len(spec.get("lean_why", "")) > 20), name  # a card's own fields say why
     assert len(config.OVERRIDE_KEYS) + 1 <= 11  # the user keys: shape and the fields
 
 
@@ -96,13 +98,31 @@ def test_tma_launch_heuristic_on_the_gpu():
     assert choose(256, R=52).shape == "ldg_stream" and choose(256, R=52).nc == 32
 
 
+@pytest.mark.parametrize("dev", [H200, H100], ids=["h200", "h100"])
+def test_the_fused_layer_takes_the_latency_launch_up_to_its_bound(dev):
+    """The fused conv + verify layer runs where the grid has at most ``fused.max_programs_per_sm`` programs per SM,
+    in the latency launch (uncapped registers: under the one-head launch's cap the fused program spilled), where the
+    verify alone takes a capped one-head launch from two programs per SM; beyond, the pair runs."""
+    per_sm = config.table()["fused"]["max_programs_per_sm"]
+    for H in (128, 64):  # Nemotron-H-8B, Nemotron 3 Nano
+        last = per_sm * dev.sms // H
+        with ot.override(device=dev):
+            assert config.fused_takes(last, H, 64, 128, CUDA) and not config.fused_takes(last + 1, H, 64, 128, CUDA)
+        for rows in (1, last):
+            assert choose(rows, H=H, fused=True).shape == "latency", (H, rows)
+        assert choose(last, H=H).shape in ("one_head", "one_head_wide"), H
+        assert choose(last + 1, H=H, fused=True) == choose(last + 1, H=H)
+    assert choose(1, state_size=1, fused=True) == choose(1, state_size=1)
+
+
 @pytest.mark.parametrize("dev", [H100, ot.DeviceClass(compiled=True, sms=132, gbps_per_sm=0.0)],
                          ids=["h100", "unreported"])
 def test_tma_launch_heuristic_by_bandwidth_per_sm(dev):
     """As measured on the H100 80GB HBM3 (25.4 GB/s per SM, under ``lean_gbps_per_sm``): no split launches; one head
     per program up to 15 group programs per SM (batch 248 at H=128), then the pipelined launch; at 2-8 programs per
-    SM (batch 2-8) one head per program under 128 registers instead of 96; batch 1, 9-98 and W=32 as on the H200. A
-    card that reports no bandwidth gets the H200's launches."""
+    SM (batch 2-8) one head per program under 128 registers instead of 96; batch 9-247 with LATE (the one-head shape's
+    ``lean`` fields; not for 8-bit checkpoints); batch 1, 1,025 and W=32 as on the H200. A card that reports no
+    bandwidth gets the H200's launches."""
     batches = (1, 2, 4, 8, 9, 64, 98, 99, 128, 247, 248, 256, 1024, 1025)
     h200 = {rows: choose(rows) for rows in batches}
     got = {rows: choose(rows, dev=dev) for rows in batches}
@@ -110,7 +130,11 @@ def test_tma_launch_heuristic_by_bandwidth_per_sm(dev):
     if not dev.lean:
         assert got == h200
         return
-    assert {r: got[r] for r in (1, 9, 64, 98, 1025)} == {r: h200[r] for r in (1, 9, 64, 98, 1025)}
+    assert {r: got[r] for r in (1, 1025)} == {r: h200[r] for r in (1, 1025)}
+    for rows in (9, 64, 98):
+        assert not h200[rows].late and got[rows] == attrs.evolve(h200[rows], late=True), rows
+    assert choose(64, dev=dev, state_size=1) == choose(64, state_size=1)  # 8-bit: the table's quant_shapes
+    assert choose(9, dev=dev, state_size=1).shape == "one_head" and not choose(9, dev=dev, state_size=1).late
     for rows in (2, 4, 8):  # 256-1,024 programs: at most 8 per SM
         assert got[rows] == attrs.evolve(h200[rows], shape="one_head_wide", maxnreg=128), rows
     for rows in (99, 128, 247):
@@ -134,6 +158,20 @@ def test_an_override_replaces_the_shape_and_its_fields():
     with pytest.raises(ConfigError, match="interpreter only"):  # several heads per LDG program: not on the GPU
         _launch_kwargs(8, 20, shape="ldg", HPP=2)
     assert _launch_kwargs(8, 20, dev=ot.DeviceClass(compiled=False), shape="ldg", HPP=2)[0]["HPP"] == 2
+
+
+def test_a_nested_override_keeps_the_fields_it_leaves_out():
+    """An override inside another's block (a benchmark's launch around a variant's forced fused layer) sets its own
+    fields over the enclosing ones and leaves the rest; leaving its block restores the enclosing override."""
+    with ot.override(device=H200, shape="one_head", FOLD_N=64):
+        with ot.override(fused={"MAX_ROWS": 4}, FOLD_N=32):
+            got = ot.choose_launch(1, 128, 64, 128, 20, 4, CUDA, 8)
+            assert (got.shape, got.fold_n) == ("one_head", 32)
+            assert config.fused_takes(4, 128, 64, 128, CUDA) and not config.fused_takes(5, 128, 64, 128, CUDA)
+        got = ot.choose_launch(1, 128, 64, 128, 20, 4, CUDA, 8)
+        assert (got.shape, got.fold_n) == ("one_head", 64) and not config.fused_takes(4, 128, 64, 128, CUDA)
+    with ot.override(device=H200):
+        assert ot.choose_launch(1, 128, 64, 128, 20, 4, CUDA, 8).shape == "latency"
 
 
 def _launch_kwargs(rows: int, R: int, *, dev=H200, pdl: bool = False, **launch) -> list[dict]:

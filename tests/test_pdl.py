@@ -77,7 +77,7 @@ def test_one_head_verify_loads_go_out_together(state_dtype):
     shared-memory store that feeds a loaded tensor to a product right after its load, and that store waits for
     the load: without ``LATE`` (the table's launch) the rows go out one round trip after another."""
     late = _builds("--batch", "8", "--state-dtype", state_dtype, "--config", '{"LATE": 1}')
-    early = _builds("--batch", "8", "--state-dtype", state_dtype)
+    early = _builds("--batch", "8", "--state-dtype", state_dtype, "--config", '{"LATE": 0}')
     assert late[0]["load_rounds_before_tile"] == 1
     assert early[0]["load_rounds_before_tile"] >= 3
 

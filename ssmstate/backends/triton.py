@@ -129,24 +129,24 @@ class TritonBackend:
     def conv_verify(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, dt: Tensor, A: Tensor,
                     weight: Tensor, bias: Tensor | None, activation: str | None, D: Tensor | None,
                     dt_bias: Tensor | None, z: Tensor | None, out: Tensor) -> Tensor:
-        """One fused launch (:func:`~ssmstate.ops.triton.replay_conv_verify`) for steps whose verify grid takes the
-        latency launch (:func:`~ssmstate.ops.triton.config.fused_takes`: at most the launch table's
-        ``fused.max_programs_per_sm`` programs per SM, on a GPU), else ``conv`` then ``verify``; the pair too for
-        what the fused kernel does not write: an 8-bit checkpoint (decode scales) or a stochastically rounded one
-        (``checkpoint_seed`` set). With ``pdl`` the launch waits for the kernel before it, then lets the next one
-        launch.
+        """One fused launch (:func:`~ssmstate.ops.triton.replay_conv_verify`) for small steps
+        (:func:`~ssmstate.ops.triton.config.fused_takes`: at most the launch table's ``fused.max_programs_per_sm``
+        programs per SM, on a GPU), else ``conv`` then ``verify``; the pair too for what the fused kernel does not
+        write: an 8-bit checkpoint (decode scales) or a stochastically rounded one (``checkpoint_seed`` set). With
+        ``pdl`` the launch waits for the kernel before it, then lets the next one launch.
 
-        Either form launches as programmatic dependents also where the launch table's ``pair_pdl.max_rows`` says
-        that is faster (small steps; fp32/bf16/fp16 checkpoints): the pair's verify reads only its own conv's
-        output early, the conv waits for everything before it, and the fused kernel reads the step's inputs only
-        after its wait.
+        The fused kernel always launches as a programmatic dependent (it reads the step's inputs only after its
+        wait, its page and first tile before it); the pair does where the launch table's ``pair_pdl.max_rows``
+        says that is faster (small steps; fp32/bf16/fp16 checkpoints): its verify reads only its own conv's output
+        early, and the conv waits for everything before it.
         """
         t = cache.layers[layer]
         ops = _ops()
         plain = t["checkpoint"].dtype in ops.conv_verify.STATE_DTYPES and cache.checkpoint_seed is None
-        pdl = self.pdl or (plain and plan.num_rows <= ops.config.pair_pdl_max_rows())
         _, H, P, N = t["checkpoint"].shape
-        if not plain or not ops.config.fused_takes(plan.num_rows, H, P, N, xBC.device):
+        fused = plain and ops.config.fused_takes(plan.num_rows, H, P, N, xBC.device)
+        pdl = self.pdl or fused or (plain and plan.num_rows <= ops.config.pair_pdl_max_rows())
+        if not fused:
             return unfused_conv_verify(self, cache, layer, plan, xBC, dt, A, weight, bias, activation, D, dt_bias,
                                        z, out, pdl=pdl)
         return ops.replay_conv_verify(

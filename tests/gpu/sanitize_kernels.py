@@ -202,7 +202,7 @@ def main() -> int:
         for kernel in args.kernels:
             with ot.override(**({"shape": kernel} if kernel in ("ldg", "ldg_stream") else {})):
                 cfg = ot.choose_launch(batch, geom.heads_per_rank, geom.head_dim, geom.state_size, spec.ring_len,
-                                       spec.num_tokens, dev, G=geom.groups_per_rank)
+                                       spec.num_tokens, dev, G=geom.groups_per_rank, fused=kernel == "fused")
             stats = run(batch, kernel, args, geom, spec, dev)
             for key in total:
                 total[key] += stats[key]

@@ -98,7 +98,7 @@ def override(device: DeviceClass | None = None, fused: dict[str, int] | None = N
     launch arguments assume (e.g. ``DeviceClass(compiled=True, sms=132, gbps_per_sm=25.4)`` to capture an H100's
     launches on CPU tensors). ``fused``: fields of the fused conv + verify launch (:data:`FUSED_KEYS`); ``conv``:
     of the conv update's (:data:`CONV_KEYS`). For benchmarks and tests; results agree to fp32/tf32 rounding across
-    launches.
+    launches. Inside another override's block, the fields this one leaves out keep the enclosing values.
     """
     _check_fused_override(fused or {})
     _check_conv_override(conv or {})
@@ -113,6 +113,11 @@ def override(device: DeviceClass | None = None, fused: dict[str, int] | None = N
     for key in ("KSPLIT", "TMA_STORE", "LATE"):
         if launch.get(key, 0) not in (0, 1):
             raise ConfigError(f"override {key} must be 0 or 1, got {launch[key]!r}")
+    outer = _OVERRIDE.get()  # a nested override keeps the enclosing one's fields it does not set
+    if outer is not None:
+        device = device if device is not None else outer.device
+        launch = {**outer.launch, **launch}
+        fused, conv = {**outer.fused, **(fused or {})}, {**outer.conv, **(conv or {})}
     token = _OVERRIDE.set(_Override(device, dict(launch), dict(fused or {}), dict(conv or {})))
     try:
         yield
@@ -165,9 +170,12 @@ def ldg_block_p(rows: int, H: int, P: int, dev: DeviceClass) -> int:
     return block
 
 
-def named_launch(shape: str, *, block_p: int, N: int, long_ring: bool, hpp: int = 1) -> Launch:
-    """The table's ``shape`` as a :class:`Launch` for this geometry (``long_ring``: a ring over 32 rows)."""
+def named_launch(shape: str, *, block_p: int, N: int, long_ring: bool, lean: bool = False, hpp: int = 1) -> Launch:
+    """The table's ``shape`` as a :class:`Launch` for this geometry and card, with the shape's ``long_ring`` fields
+    on a ring over 32 rows and its ``lean`` fields on a card under ``lean_gbps_per_sm``."""
     spec = dict(table()["shapes"][shape])
+    if lean:
+        spec.update(spec.get("lean", {}))
     if long_ring:
         spec.update(spec.get("long_ring", {}))
     fold_n = spec.get("FOLD_N", 32) or pow2(N)
@@ -180,9 +188,10 @@ def named_launch(shape: str, *, block_p: int, N: int, long_ring: bool, hpp: int 
 
 
 def heuristic_shape(rows: int, H: int, P: int, N: int, R: int, T: int, dev: DeviceClass, G: int,
-                    state_size: int, tma_ok: bool = True) -> str:
+                    state_size: int, tma_ok: bool = True, fused: bool = False) -> str:
     """The shape :func:`choose_launch` takes without an override (the reasons are the table's ``why`` lines);
-    ``tma_ok``: the checkpoint tensor can be read by TMA (contiguous, 16-byte aligned)."""
+    ``tma_ok``: the checkpoint tensor can be read by TMA (contiguous, 16-byte aligned); ``fused``: for the fused
+    conv + verify layer, which takes the latency launch up to ``fused.max_programs_per_sm``."""
     seq_ok = pow2(R - T) <= _limit("tma_max_seq_rows")
     block_tma = tma_block_p(P, N, dev) if tma_ok else 0
     if not block_tma or not (seq_ok or not dev.compiled):
@@ -199,7 +208,7 @@ def heuristic_shape(rows: int, H: int, P: int, N: int, R: int, T: int, dev: Devi
                  and block_tma * N * state_size == _limit("pipelined_tile_bytes"))
     long_grid = programs // _limit("pipelined_heads") >= _limit("pipelined_group_programs_per_sm") * sms
     many = programs >= _limit("split_heads_per_sm") * sms
-    if programs <= sms:
+    if programs <= (table()["fused"]["max_programs_per_sm"] if fused else 1) * sms:
         return "latency"
     if pipelined and many and rows <= _limit("split_max_rows") and (long_ring or not dev.lean):
         return "split"
@@ -228,15 +237,15 @@ def quant_entry(rows: int, programs: int, sms: int, heads: int) -> dict[str, Any
 
 
 def choose_launch(rows: int, H: int, P: int, N: int, R: int, T: int, device: torch.device, G: int = 1,
-                  state_size: int = 4, tma_ok: bool = True) -> Launch:
+                  state_size: int = 4, tma_ok: bool = True, fused: bool = False) -> Launch:
     """The verify launch for ``rows`` rows of this geometry on ``device`` (``state_size``: bytes per checkpoint
-    element; ``tma_ok``: as in :func:`heuristic_shape`), with any :func:`override` applied."""
+    element; ``tma_ok``, ``fused``: as in :func:`heuristic_shape`), with any :func:`override` applied."""
     dev = device_class(device)
     ov = _OVERRIDE.get()
     fields = dict(ov.launch) if ov is not None else {}
     shape = fields.pop("shape", None)
     if shape is None:
-        shape = heuristic_shape(rows, H, P, N, R, T, dev, G, state_size, tma_ok)
+        shape = heuristic_shape(rows, H, P, N, R, T, dev, G, state_size, tma_ok, fused)
         block = tma_block_p(P, N, dev)
         if state_size == 1 and dev.compiled and block and table()["shapes"][shape]["kernel"] == "tma" \
                 and pow2(R) <= _limit("tma_max_seq_rows"):  # an 8-bit launch's own fields, under the override's
@@ -249,7 +258,7 @@ def choose_launch(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     hpg = H // max(G, 1)
     if kernel == "tma":
         launch = named_launch(shape, block_p=tma_block_p(P, N, dev) or 64, N=N,
-                              long_ring=pow2(R) > _limit("tma_max_seq_rows"))
+                              long_ring=pow2(R) > _limit("tma_max_seq_rows"), lean=dev.lean)
     else:
         launch = named_launch(shape, block_p=ldg_block_p(rows, H, P, dev), N=N, long_ring=False,
                               hpp=1 if dev.compiled else hpg)
@@ -350,8 +359,8 @@ def _check_fused_override(fields: dict[str, int]) -> None:
 def fused_takes(rows: int, H: int, P: int, N: int, device: torch.device) -> bool:
     """Whether the "triton" backend's ``conv_verify`` runs a step of ``rows`` rows in the fused kernel rather than its
     conv and verify launches: on a GPU, where the TMA kernel's grid (one program per head and P tile) has at most
-    the table's ``max_programs_per_sm`` programs per SM, the latency launch; with an :func:`override`'s
-    ``MAX_ROWS``, up to that many rows on any device."""
+    the table's ``fused.max_programs_per_sm`` programs per SM, which the fused layer runs in the latency launch;
+    with an :func:`override`'s ``MAX_ROWS``, up to that many rows on any device."""
     ov = _OVERRIDE.get()
     if ov is not None and "MAX_ROWS" in ov.fused:
         return rows <= ov.fused["MAX_ROWS"]

@@ -147,7 +147,8 @@ def _tma_launch(checkpoint: Tensor, conv_window: Tensor, xBC: Tensor, rows: int,
         return None
     if not tma_supported(checkpoint, tma_block_p(P, N, dev), dev):
         return None
-    launch = choose_launch(rows, H, P, N, R, T, xBC.device, G, state_size=checkpoint.element_size(), tma_ok=True)
+    launch = choose_launch(rows, H, P, N, R, T, xBC.device, G, state_size=checkpoint.element_size(), tma_ok=True,
+                           fused=True)
     if launch.kernel != "tma" or not tma_supported(checkpoint, launch.block_p, dev):
         return None
     check_launch(launch, H=H, G=G, N=N, R=R, rows=rows, dev=dev)
