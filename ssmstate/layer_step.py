@@ -32,8 +32,8 @@ class LayerStep:
         and C in Nemotron-H's channel order (x: H·P channels, then B and C: G·N each), is the verify's input.
 
         The "triton" backend runs it as one kernel that never writes the conv output to memory on a GPU where the
-        step's verify grid is small enough for its latency launch (the launch table's ``fused.max_programs_per_sm``:
-        batch 1 at 128 heads, 1-2 at 64) on 16/32-bit checkpoints rounded to nearest, else its conv and verify
+        step's verify grid is small (the launch table's ``fused.max_programs_per_sm`` programs per SM: batch 1-2 at
+        128 heads, 1-4 at 64) on 16/32-bit checkpoints rounded to nearest, else its conv and verify
         kernels (larger steps, 8-bit or stochastically rounded checkpoints); the others run their conv and verify.
         The layer counts as both conv'd and verified in the step. Bad arguments raise before anything is changed.
 
