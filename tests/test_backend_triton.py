@@ -198,6 +198,19 @@ def test_pdl_refusals():
     assert StateManager(layout, 4, backend="triton", backend_options={"pdl": True}).backend.pdl
 
 
+def _record_pdl(monkeypatch, names: tuple[str, ...]) -> list[tuple[str, bool]]:
+    """Wrap these ``ssmstate.ops.triton`` launchers so each call appends ``(name, its pdl argument)`` to the list
+    returned, then runs."""
+    import ssmstate.ops.triton as ops
+
+    seen: list[tuple[str, bool]] = []
+    for name in names:
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name,
+                            lambda *a, _real=real, _n=name, **k: seen.append((_n, k["pdl"])) or _real(*a, **k))
+    return seen
+
+
 @pytest.mark.parametrize("option,state_dtype,rows,want", [
     (False, torch.float32, 2, True),  # a small step: the table's pair_pdl.max_rows
     (False, torch.float32, 6, False),  # past it
@@ -207,17 +220,11 @@ def test_pdl_refusals():
 def test_conv_verify_pair_pdl_rule(monkeypatch, option, state_dtype, rows, want):
     """``conv_verify``'s conv + verify pair launches both kernels as programmatic dependents exactly where the launch
     table's ``pair_pdl.max_rows`` (or the backend's ``pdl``) says; ``conv`` and ``verify`` alone keep the option."""
-    import ssmstate.ops.triton as ops
-
     geom = Mamba2Geometry(num_heads=2, head_dim=16, state_size=16, n_groups=1, conv_kernel=4, num_layers=1,
                           state_dtype=state_dtype)
     m = StateManager(PageLayout.replay(geom, SpecConfig(1, window=4)), 8, backend="triton", max_batch=8,
                      backend_options={"pdl": option})
-    seen = []
-    for name in ("conv_update", "replay_verify"):
-        real = getattr(ops, name)
-        monkeypatch.setattr(ops, name,
-                            lambda *a, _real=real, _n=name, **k: seen.append((_n, k["pdl"])) or _real(*a, **k))
+    seen = _record_pdl(monkeypatch, ("conv_update", "replay_verify"))
     ids = [f"r{i}" for i in range(rows)]
     for r in ids:
         m.admit(r)
@@ -243,11 +250,7 @@ def test_conv_verify_fused_layer_always_pdl(monkeypatch, rows):
 
     geom = Mamba2Geometry(num_heads=2, head_dim=16, state_size=16, n_groups=1, conv_kernel=4, num_layers=1)
     m = StateManager(PageLayout.replay(geom, SpecConfig(1, window=4)), 8, backend="triton", max_batch=8)
-    seen = []
-    for name in ("conv_update", "replay_verify", "replay_conv_verify"):
-        real = getattr(ops, name)
-        monkeypatch.setattr(ops, name,
-                            lambda *a, _real=real, _n=name, **k: seen.append((_n, k["pdl"])) or _real(*a, **k))
+    seen = _record_pdl(monkeypatch, ("conv_update", "replay_verify", "replay_conv_verify"))
     ids = [f"r{i}" for i in range(rows)]
     for r in ids:
         m.admit(r)
