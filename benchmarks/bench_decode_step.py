@@ -381,7 +381,8 @@ def bench_model(model: str, batches: list[int], variants: list[str], args, fi, v
             row["fi_algorithm"] = fi_backend.algorithm_for("dense", b)
             for r in row["fi_tune"]:
                 log(f"  tune {r['form']:>6} batch {b:>3}: " + " ".join(f"{a} {us:.2f} us" for a, us in r["us"].items())
-                    + f" -> {r['chosen']}" + (f" (auto runs: {r['auto_runs']})" if "auto_runs" in r else ""))
+                    + f" -> {r['chosen']}" + (f" (auto runs: {r['auto_runs']})" if "auto_runs" in r else "")
+                    + (f" [tuner miss: {r['tuner_miss']}]" if "tuner_miss" in r else ""))
         inp = Inputs(g, b, K + 1)
         acc_t = [torch.tensor(a, dtype=torch.int32).pin_memory() if not bv.SMOKE else torch.tensor(a, dtype=torch.int32)
                  for a in acc]

@@ -193,3 +193,46 @@ def test_8bit_checkpoints_take_the_monolith_whatever_was_tuned(monkeypatch):
     assert [(r["form"], r["us"], r["chosen"]) for r in report] == [("dense", {"monolith": 1.0}, "monolith"),
                                                                   ("varlen", {"monolith": 1.0}, "monolith")]
     assert {kw["algorithm"] for _, _, kw in fake.calls[n:]} == {"monolith"}
+
+
+def test_a_tuner_miss_says_where_the_keys_differ():
+    """``key_mismatch``: on a miss, the tune report says how many entries the op has in FlashInfer's tuner and
+    where the closest one's key differs from the served call's (the positions of a shape that differ)."""
+    import collections
+
+    Key = collections.namedtuple("Key", ("custom_op", *ft.KEY_FIELDS))
+    prof = ((8, 4, 128, 64), (8, 4, 128), (-1, 128, 64, 128))
+    stored = [Key("checkpointing_ssu", "R", 1, prof, ("e",)), Key("checkpointing_ssu", "R", 2, prof, ("f",)),
+              Key("other_op", "R", 1, prof, ())]
+    served = Key("checkpointing_ssu", "R", 1, ((8, 4, 128, 64), (8, 4, 64), (-1, 128, 64, 128)), ("e",))
+    why = ft.key_mismatch(served, stored)
+    assert why.startswith("2 tuned entries for checkpointing_ssu; the closest differs in nearest_profile[1]")
+    assert "stored [(8, 4, 128)] served [(8, 4, 64)]" in why and "runner_hash" not in why
+    assert ft.key_mismatch(Key("checkpointing_ssu", "S", 1, prof, ()), stored).count("runner_class_name") == 1
+    assert ft.key_mismatch(served, stored[2:]) == "no tuned entry for checkpointing_ssu (of 1 in the tuner): " \
+                                                 "its profiling stored none"
+    assert "rejected on lookup" in ft.key_mismatch(stored[0], stored)
+
+
+def test_tuner_warnings_keeps_flashinfers_distinct_warnings(monkeypatch):
+    """``tuner_warnings``: what FlashInfer's logger warns inside the block, each message once, no info lines, and
+    the handler gone afterwards; without FlashInfer's logger, nothing (and no error)."""
+    import logging
+    import sys
+    import types
+
+    with ft.tuner_warnings() as warned:
+        pass
+    assert warned == []
+    logger = logging.Logger("fake.flashinfer.jit")
+    core = types.ModuleType("flashinfer.jit.core")
+    core.logger = logger
+    for name, mod in (("flashinfer", types.ModuleType("flashinfer")), ("flashinfer.jit", types.ModuleType("j")),
+                      ("flashinfer.jit.core", core)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    with ft.tuner_warnings() as warned:
+        logger.warning("tactic %s failed", 3)
+        logger.info("profiling")
+        logger.warning("tactic %s failed", 3)
+        logger.error("out of range")
+    assert warned == ["tactic 3 failed", "out of range"] and logger.handlers == []

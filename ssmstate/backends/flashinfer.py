@@ -481,7 +481,9 @@ class FlashInferBackend(ReferenceBackend):
            form can take (:data:`~ssmstate.backends.flashinfer_tune.CANDIDATES`); with ``algorithm="auto"``
            verify passes the fastest from then on (:meth:`algorithm_for`).
 
-        Returns (and keeps in :attr:`tune_report`) one dict per (form, batch): the times and the choice.
+        Returns (and keeps in :attr:`tune_report`) one dict per (form, batch): the times and the choice; on the
+        GPU a dense entry also says what FlashInfer's tuner hands its calls (``auto_runs``) and, where that is no
+        tactic, why (``tuner_miss``, ``tuner_warnings``).
         The runner's own state is never touched.
         """
         self.check(layout, device)

@@ -186,7 +186,7 @@ def tune(backend: "FlashInferBackend", layout: PageLayout, device: torch.device,
     priv, sets = private_cache(layout, sizes, device, l2, gen)
     report: list[dict[str, Any]] = []
     try:
-        with backend.forcing("auto"), backend.autotune(sizes, cache):
+        with backend.forcing("auto"), backend.autotune(sizes, cache), tuner_warnings() as warned:
             for bs in sizes:  # profiled by FlashInfer under the key the served calls look up
                 backend.run_probe(priv, probe(layout, call, "dense", bs, 1, device, gen), 0)
         if cuda:
@@ -211,16 +211,22 @@ def tune(backend: "FlashInferBackend", layout: PageLayout, device: torch.device,
                          **({"failed": failed} if failed else {})}
                 if form == "dense" and cuda:
                     with backend.forcing("auto"):
-                        entry["auto_runs"] = describe_tactic(tuned_tactic(lambda: backend.run_probe(priv, pr, 0)))
+                        tactic, miss = tuned_tactic(lambda: backend.run_probe(priv, pr, 0))
+                    entry["auto_runs"] = describe_tactic(tactic)
+                    if tactic is None:  # why FlashInfer's tuner handed this call no tactic
+                        entry["tuner_miss"] = miss
+                        if warned:
+                            entry["tuner_warnings"] = warned[:3]
                 report.append(entry)
     finally:
         backend.release(priv)
     return report
 
 
-def tuned_tactic(run: Callable[[], object]) -> Any:
-    """The tactic FlashInfer's tuner hands the ``checkpointing_ssu`` call ``run`` makes, or None on a miss (then
-    FlashInfer runs its heuristic)."""
+def tuned_tactic(run: Callable[[], object]) -> tuple[Any, str | None]:
+    """``(tactic, None)``: the tactic FlashInfer's tuner hands the ``checkpointing_ssu`` call ``run`` makes; on a
+    miss (FlashInfer then runs its heuristic) ``(None, why)``, ``why`` from :func:`key_mismatch` (the call's key
+    against the tuner's stored ones)."""
     from flashinfer.autotuner import AutoTuner
 
     tuner = AutoTuner.get()
@@ -229,7 +235,7 @@ def tuned_tactic(run: Callable[[], object]) -> Any:
 
     def watched(*a: Any, **k: Any) -> Any:
         res = search(*a, **k)
-        found.append(res)
+        found.append((res, a, k))
         return res
 
     tuner.search_cache = watched
@@ -237,7 +243,76 @@ def tuned_tactic(run: Callable[[], object]) -> Any:
         run()
     finally:
         del tuner.search_cache  # the class's method again
-    return found[-1][2] if found and found[-1][0] else None
+    if not found:
+        return None, "the call did not ask FlashInfer's tuner (not a tuned form)"
+    res, a, k = found[-1]
+    if res[0]:
+        return res[2], None
+    try:  # FlashInfer's private key and cache: diagnostics only
+        op, runners, shapes, config = a[:4]
+        inputs = a[4] if len(a) > 4 else k.get("inputs")
+        extras = runners[0].get_cache_key_extras(inputs) if inputs is not None else ()
+        served = AutoTuner._get_cache_key(op, runners[0], shapes, config, extras)
+        stored = tuner._winner_cache() if hasattr(tuner, "_winner_cache") else tuner.profiling_cache
+        return None, key_mismatch(served, list(stored))
+    except Exception as exc:  # another FlashInfer: say so, never fail the tune over it
+        return None, f"miss (its key not readable here: {exc!r:.200})"
+
+
+#: the fields of FlashInfer's tuner key (``ProfilingCacheKey``) besides the op
+KEY_FIELDS = ("runner_class_name", "runner_hash", "nearest_profile", "extras")
+
+
+def key_mismatch(served: Any, stored: Sequence[Any], limit: int = 600) -> str:
+    """Why ``served`` (a tuner key: ``custom_op`` and :data:`KEY_FIELDS`) matches none of ``stored``: how many
+    entries its op has, and where the closest one differs (the positions of a tuple field that differ, with both
+    values)."""
+    same = [key for key in stored if key.custom_op == served.custom_op]
+    if not same:
+        return f"no tuned entry for {served.custom_op} (of {len(stored)} in the tuner): its profiling stored none"
+
+    def differs(key: Any) -> list[str]:
+        return [f for f in KEY_FIELDS if getattr(key, f) != getattr(served, f)]
+
+    best = min(same, key=lambda key: len(differs(key)))
+    parts = []
+    for f in differs(best):
+        was, now = getattr(best, f), getattr(served, f)
+        if isinstance(was, tuple) and isinstance(now, tuple) and len(was) == len(now):
+            at = [i for i, (x, y) in enumerate(zip(was, now)) if x != y]
+            parts.append(f"{f}[{','.join(map(str, at))}]: stored {[was[i] for i in at]} served {[now[i] for i in at]}")
+        else:
+            parts.append(f"{f}: stored {was!r} served {now!r}")
+    if not parts:
+        return f"{len(same)} tuned entries for {served.custom_op}, one with this key: rejected on lookup (policy)"
+    return f"{len(same)} tuned entries for {served.custom_op}; the closest differs in " + "; ".join(parts)[:limit]
+
+
+@contextlib.contextmanager
+def tuner_warnings() -> Iterator[list[str]]:
+    """The distinct warnings FlashInfer logs inside the block (a tactic that failed while profiling, a shape
+    outside the tuned buckets), in order; nothing where its logger is not there."""
+    import logging
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            msg = record.getMessage()[:300]
+            if msg not in seen:
+                seen.append(msg)
+
+    try:
+        from flashinfer.jit.core import logger
+    except Exception:  # noqa: BLE001  (no FlashInfer logger: nothing to keep)
+        yield seen
+        return
+    handler = Keep(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield seen
+    finally:
+        logger.removeHandler(handler)
 
 
 def describe_tactic(tactic: Any) -> str:
