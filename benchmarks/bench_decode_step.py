@@ -90,6 +90,11 @@ def split_variant(variant: str) -> tuple[str, dict]:
     return base, {**LAUNCH, **LAUNCHES[name]} if name else dict(LAUNCH)
 
 
+def on_triton(variant: str) -> bool:
+    """Whether a variant's verify runs on our "triton" backend (the one a launch override applies to)."""
+    return variant.startswith(("ours", "diag_vllmconv"))
+
+
 def load_vllm_conv():
     """vLLM's Triton ``causal_conv1d_update``: from ``SSMSTATE_VLLM_KERNELS`` (the kernel sources behind the
     shim) when set, else an installed vLLM; None when neither works."""
@@ -187,7 +192,7 @@ def manager_step(variant: str, g, rows: int, inp: Inputs, fi_backend, vconv, l2:
 
     T = K + 1
     layout = PageLayout.replay(g, SpecConfig(K, window=W))
-    name = "triton" if variant.startswith(("ours", "diag_vllmconv")) else "flashinfer"
+    name = "triton" if on_triton(variant) else "flashinfer"
     opts = {"pdl": True} if variant.endswith("_pdl") else None
     m = StateManager(layout, rows + 1, device=bv.DEV, backend=name, max_batch=rows, backend_options=opts)
     if name == "flashinfer":
@@ -430,7 +435,7 @@ def skip_reason(variant: str, fi, vconv) -> str | None:
     variant, name = variant.partition("@")[::2]
     if name and name not in LAUNCHES:
         return f"no launch {name!r} in --launches"
-    if name and variant not in ("ours", "ours_unfused", "ours_unfused_pdl") and not variant.startswith("ours_fused"):
+    if name and not on_triton(variant):
         return "a launch applies to the variants on our Triton backend only"
     if variant not in VARIANTS + EXTRA:
         return f"unknown variant (choose from {', '.join(VARIANTS + EXTRA)})"

@@ -27,6 +27,8 @@ from ssmstate.ops.triton.common import compiled, dram_gbps_per_sm, num_sms, pow2
 #: the fields an override may set (besides ``shape``, a name in the table), and those of one kernel only
 OVERRIDE_KEYS = ("BLOCK_P", "FOLD_N", "HEADS", "PROGS", "KSPLIT", "TMA_STORE", "LATE", "HPP", "NC", "maxnreg")
 TMA_ONLY_KEYS = frozenset({"HEADS", "PROGS", "KSPLIT", "TMA_STORE", "LATE"})
+#: the override keys that switch a launch field on or off (0 or 1)
+FLAG_KEYS = ("KSPLIT", "TMA_STORE", "LATE")
 LDG_ONLY_KEYS = frozenset({"HPP", "NC"})
 
 
@@ -110,7 +112,7 @@ def override(device: DeviceClass | None = None, fused: dict[str, int] | None = N
     for key in OVERRIDE_KEYS:
         if key in launch and (isinstance(launch[key], bool) or not isinstance(launch[key], int)):
             raise ConfigError(f"override {key} must be an int, got {launch[key]!r}")
-    for key in ("KSPLIT", "TMA_STORE", "LATE"):
+    for key in FLAG_KEYS:
         if launch.get(key, 0) not in (0, 1):
             raise ConfigError(f"override {key} must be 0 or 1, got {launch[key]!r}")
     outer = _OVERRIDE.get()  # a nested override keeps the enclosing one's fields it does not set
@@ -208,7 +210,7 @@ def heuristic_shape(rows: int, H: int, P: int, N: int, R: int, T: int, dev: Devi
                  and block_tma * N * state_size == _limit("pipelined_tile_bytes"))
     long_grid = programs // _limit("pipelined_heads") >= _limit("pipelined_group_programs_per_sm") * sms
     many = programs >= _limit("split_heads_per_sm") * sms
-    if programs <= (table()["fused"]["max_programs_per_sm"] if fused else 1) * sms:
+    if programs <= sms or (fused and _fused_fits(programs, sms)):
         return "latency"
     if pipelined and many and rows <= _limit("split_max_rows") and (long_ring or not dev.lean):
         return "split"
@@ -268,7 +270,7 @@ def choose_launch(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
             launch = attrs.evolve(launch, maxnreg=80)
     names = {"BLOCK_P": "block_p", "FOLD_N": "fold_n", "HEADS": "heads", "PROGS": "progs", "KSPLIT": "ksplit",
              "TMA_STORE": "tma_store", "LATE": "late", "HPP": "hpp", "NC": "nc", "maxnreg": "maxnreg"}
-    return attrs.evolve(launch, **{names[k]: bool(v) if k in ("KSPLIT", "TMA_STORE", "LATE") else v
+    return attrs.evolve(launch, **{names[k]: bool(v) if k in FLAG_KEYS else v
                                    for k, v in fields.items()})
 
 
@@ -366,8 +368,12 @@ def fused_takes(rows: int, H: int, P: int, N: int, device: torch.device) -> bool
         return rows <= ov.fused["MAX_ROWS"]
     dev = device_class(device)
     block = tma_block_p(P, N, dev)
-    per_sm = table()["fused"]["max_programs_per_sm"]
-    return dev.compiled and block > 0 and rows * H * (P // block) <= per_sm * dev.sms
+    return dev.compiled and block > 0 and _fused_fits(rows * H * (P // block), dev.sms)
+
+
+def _fused_fits(programs: int, sms: int) -> bool:
+    """Whether a TMA grid of ``programs`` is small enough for the fused layer (``fused.max_programs_per_sm``)."""
+    return programs <= table()["fused"]["max_programs_per_sm"] * sms
 
 
 def fused_tma() -> bool:

@@ -51,8 +51,9 @@ def window_loads(cv, ch, BLOCK_L: tl.constexpr, KW: tl.constexpr):
     columns ending at the window's ``end``, then the row's ``q`` tokens, then zeros; what :func:`store_window`
     stores. One load: each column's pointer is the window's or the tokens' (they share a dtype,
     :func:`~ssmstate.ops.triton.conv_verify.conv_verify_launches` checks it)."""
+    (xbc_ptr, s_x_t, win_pg, s_win_c, end, lo, q, width, w_ptr, s_w_d, s_w_k, b_ptr, silu) = cv
     ll = tl.arange(0, BLOCK_L)
-    return tl.load(_column(cv, ll, KW)[:, None] + ch[None, :], mask=(ll < KW + cv[6])[:, None], other=0.0)
+    return tl.load(_column(cv, ll, KW)[:, None] + ch[None, :], mask=(ll < KW + q)[:, None], other=0.0)
 
 
 @triton.jit
