@@ -558,3 +558,59 @@ def test_conv_output_in_place():
     ref.conv_update(sep, shift, xbc.clone(), w, b, ids, cu, torch.zeros(9, Dc))
     assert torch.equal(res[0][0], sep) and torch.equal(res[1][0], sep)
     assert rel(res[1][1], res[0][1]) < 1e-5
+
+
+def _layer_like(case: dict, seed: int) -> dict:
+    """Another layer of ``case``'s step: its own state and inputs on the same pages, cursors and row lengths."""
+    c = case["state"]["checkpoint"]
+    other = make_case(torch.Generator().manual_seed(seed), "cpu", pages=c.shape[0], H=c.shape[1],
+                      G=case["B"].shape[1], P=c.shape[2], N=c.shape[3], W=case["W"], T=case["T"],
+                      rows=case["page_ids"].shape[0], n_pad=0, state_dtype=c.dtype, act_dtype=case["x"].dtype,
+                      extras=case["D"] is not None, qs=case["qs"])
+    return dict(other, **{k: case[k] for k in ("ring_start", "num_committed", "page_ids", "cu_seqlens", "qs")})
+
+
+@pytest.mark.parametrize("cfg", [None, {"shape": "ldg", "HPP": 1}, {"shape": "one_head_long_ring"},
+                                 {"shape": "split", "PROGS": 3}])
+@pytest.mark.parametrize("table", [True, False])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_fold_after_step_matches_reference(cfg, table, state_dtype):
+    """``fold=False`` verifies of two layers fold no row (every checkpoint as it was, the outputs the reference's),
+    then one ``replay_fold_flushed`` (one launch over a layer table, or one per layer) leaves each layer's
+    checkpoints, rings and outputs as the reference's flush rows do, the other pages' checkpoints untouched."""
+    gen = torch.Generator().manual_seed(7 + table)
+    case = make_case(gen, "cpu", pages=8, H=4, G=2, P=16, N=32, W=13, T=4, rows=6, n_pad=1, route="mixed",
+                     state_dtype=state_dtype, act_dtype=torch.bfloat16)
+    first, second = case["page_ids"][:2].tolist()
+    case["num_committed"][first], case["num_committed"][second] = 13, 9 - case["qs"][1]  # both routes
+    layers = [case, _layer_like(case, 11)]
+    flushed = [p for p, q in zip(case["page_ids"].tolist(), case["qs"]) if p and int(case["num_committed"][p]) + q > 13]
+    assert flushed and len(flushed) < 5  # both routes
+    pending = torch.zeros_like(case["num_committed"])
+    for p, q in zip(case["page_ids"].tolist(), case["qs"]):
+        pending[p] = q if p else 0
+    got = []
+    for lc in layers:
+        st, out = run_launch(lc, cfg, fold=False)
+        assert torch.equal(st["checkpoint"], lc["state"]["checkpoint"]), "a fold=False verify wrote a checkpoint"
+        got.append((st, out))
+    sts = [st for st, _ in got]
+    tensors = ([st["checkpoint"] for st in sts], [st["x_ring"] for st in sts], [st["B_ring"] for st in sts],
+               [st["dt_ring"] for st in sts], [lc["A"] for lc in layers])
+    tab = ot.fold_table(tensors[0], [None, None], *tensors[1:]) if table else None
+    assert (tab is not None) == table
+    ot.replay_fold_flushed(*tensors, case["ring_start"], case["num_committed"], pending, case["page_ids"], 13,
+                           table=tab)
+    tol = TOL[torch.float32] if state_dtype == torch.float32 else TOL[state_dtype]
+    for lc, g in zip(layers, got):
+        compare_verify(lc, g, run_verify(ref.replay_verify, lc), out_tol=TOL[torch.bfloat16], state_tol=tol)
+
+
+def test_fold_table_refuses_layers_it_cannot_offset():
+    a = torch.zeros(2, 2, 4, 4)
+    b = torch.zeros(2, 2, 4, 8)[..., :4]  # other strides
+    rings = [torch.zeros(2, 2, 6, 4)] * 2
+    A = [torch.zeros(2)] * 2
+    assert ot.fold_table([a, b], [None, None], rings, rings, rings, A) is None
+    assert ot.fold_table([a, a.clone()], [None, torch.zeros(2, 2, 4)], rings, rings, rings, A) is None
+    assert ot.fold_table([a, a.clone()], [None, None], rings, rings, rings, A) is not None
