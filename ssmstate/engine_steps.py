@@ -94,7 +94,7 @@ class EngineSteps:
         plan = StepPlan(
             step_id=self._step, request_ids=(), num_tokens=qs, page_ids=pids, page_table=tb, cu_seqlens=cb,
             page_ids_host=pids, page_table_host=tb, cu_seqlens_host=cb, max_seqlen=max_seqlen,
-            total_tokens=total_tokens, external=True, **self._step_fields(pids),
+            total_tokens=total_tokens, external=True, **self._gather_row_cursors(pids),
         )
         self._open_ids = frozenset()
         self._open = plan
@@ -132,14 +132,6 @@ class EngineSteps:
         buf = self._row_cursor_buf[: page_ids.shape[0]]
         torch.index_select(self.cache.cursors.t(), 0, page_ids, out=buf)
         return {"row_cursors": buf[:, RING_START:NUM_COMMITTED + 1].t(), "row_conv_shift": buf[:, CONV_SHIFT]}
-
-    def _step_fields(self, page_ids: Tensor) -> dict[str, object]:
-        """What a new plan takes from the cache and the backend: its row cursors and whether the backend folds its
-        flush rows after the step (``StepPlan.fold_after``; replay layouts)."""
-        folds = getattr(self.backend, "folds_after_step", None)
-        fold_after = (self.layout.scheme == "replay" and folds is not None
-                      and bool(folds(self.cache, page_ids.shape[0])))
-        return {**self._gather_row_cursors(page_ids), "fold_after": fold_after}
 
     def _require_no_open_step(self) -> None:
         if self._open is not None:

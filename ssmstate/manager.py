@@ -345,7 +345,7 @@ class StateManager(EngineSteps, LayerStep):
             step_id=self._step, request_ids=ids, num_tokens=all_q, page_ids=tb[:, 0],
             page_table=tb, cu_seqlens=cb, page_ids_host=table_host[:, 0], page_table_host=table_host,
             cu_seqlens_host=cu_host, max_seqlen=qs if uniform else max(all_q), total_tokens=int(cu[rows]),
-            **self._step_fields(tb[:, 0]),
+            **self._gather_row_cursors(tb[:, 0]),
         )
         self._open_ids = open_ids
         self._open = plan
@@ -464,8 +464,6 @@ class StateManager(EngineSteps, LayerStep):
         if verified == 0:
             self._rollback_unverified(plan)
         else:
-            if plan.fold_after:  # the verifies folded no row: the flush rows' history goes into the checkpoints
-                self.backend.fold_flushed(self.cache, plan, self._A)  # type: ignore[attr-defined]
             self.backend.commit(self.cache, plan, device_counts, bool(plan.conv_layers), self.error_flag)
             self.cache.advance_seed()
         self._close(plan)

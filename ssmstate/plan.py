@@ -40,8 +40,6 @@ class StepPlan:
             :meth:`~ssmstate.StateManager.reset_cursors` on an open step gathers them again.
         row_conv_shift: (rows,) int32 device, with ``row_cursors`` (None where it is): each row's page's
             ``conv_shift``, gathered in the same copy, so a conv update reads it beside the page id.
-        fold_after: the backend's verifies fold no row of this step and its flush rows (``c + q > W``) are folded in
-            every layer when it commits, in one launch (the "triton" backend's small steps; set when it begins).
     """
 
     step_id: int
@@ -61,7 +59,6 @@ class StepPlan:
     external: bool = False
     row_cursors: torch.Tensor | None = None
     row_conv_shift: torch.Tensor | None = None
-    fold_after: bool = False
 
     @property
     def num_rows(self) -> int:

@@ -23,7 +23,6 @@ triton = pytest.importorskip("triton")
 
 from ssmstate import Mamba2Geometry, PageLayout, SpecConfig, StateManager  # noqa: E402
 from ssmstate.layout import SCALE_NAME  # noqa: E402
-from ssmstate.ops.triton import override  # noqa: E402
 from tests.quant_common import code_steps  # noqa: E402
 from tests.test_triton_common import rel  # noqa: E402
 
@@ -43,16 +42,9 @@ def _compare(mt: StateManager, mr: StateManager, ids: list[str]) -> None:
             assert rel(mt.read_state(rid, layer), mr.read_state(rid, layer)) < 1e-3
 
 
-@pytest.mark.parametrize("dtype,sr,fold_after", [("int8", False, False), ("fp8", False, False), ("int8", True, False),
-                                                 ("fp8", True, False), ("bf16", True, False), ("int8", True, True),
-                                                 ("fp8", False, True)])
-def test_quantized_manager_lockstep(dtype, sr, fold_after):
-    """``fold_after``: every step's flush rows folded after its verify, at commit."""
-    with override(fold_after=fold_after):
-        _quantized_lockstep(dtype, sr)
-
-
-def _quantized_lockstep(dtype: str, sr: bool) -> None:
+@pytest.mark.parametrize("dtype,sr", [("int8", False), ("fp8", False), ("int8", True), ("fp8", True),
+                                      ("bf16", True)])
+def test_quantized_manager_lockstep(dtype, sr):
     geom = Mamba2Geometry(num_heads=2, head_dim=16, state_size=16, n_groups=1, conv_kernel=4, num_layers=1,
                           state_dtype=dtype, act_dtype=torch.float32)
     spec = SpecConfig(3, window=6)

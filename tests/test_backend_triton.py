@@ -71,8 +71,6 @@ def _lockstep(geom, spec, ops, seed, backend_options=None):
             acc = [int(torch.randint(0, q + 1, (1,), generator=g2)) for q in qs]
             acc[0] = qs[0] if q_seed % 2 else 0
             plans = [m.begin_step(sub, qs, pad_to=sub_n + pad) for m in (mt, mr)]
-            assert not plans[1].fold_after and plans[0].fold_after == ot.config.fold_after_step(
-                sub_n + pad, H, P, N, torch.device("cpu"))
             L = plans[0].total_tokens
             for layer, prm in enumerate(params):
                 xBC = torch.randn(L, Dc, generator=gen)
@@ -113,20 +111,6 @@ def test_manager_lockstep(seed, KW, layers, ops):
     geom = Mamba2Geometry(num_heads=2, head_dim=16, state_size=16, n_groups=1, conv_kernel=4, num_layers=layers,
                           state_dtype=torch.float32, act_dtype=torch.float32)
     _lockstep(geom, SpecConfig(K, window=W), ops, seed)
-
-
-@settings(max_examples=6, **SETTINGS)
-@given(st.integers(0, 2**16), st.sampled_from([(1, 4), (3, 8)]), st.sampled_from([1, 3]),
-       st.lists(st.tuples(st.sampled_from(["commit", "commit_tensor", "rollback", "materialize"]),
-                          st.integers(1, 3), st.integers(0, 1), st.integers(0, 2**16)), min_size=4, max_size=7))
-def test_manager_lockstep_fold_after(seed, KW, layers, ops):
-    """Every step with ``fold_after`` (no fold in the verifies, every layer's flush rows folded in one launch at
-    commit, rollback included) against the reference backend: outputs, checkpoints, rings and cursors."""
-    K, W = KW
-    geom = Mamba2Geometry(num_heads=2, head_dim=16, state_size=16, n_groups=1, conv_kernel=4, num_layers=layers,
-                          state_dtype=torch.float32, act_dtype=torch.float32)
-    with ot.override(fold_after=True):
-        _lockstep(geom, SpecConfig(K, window=W), ops, seed)
 
 
 

@@ -281,21 +281,6 @@ def test_manager_lockstep(seed, KW, layers, ops):
     _lockstep(geom, SpecConfig(K, window=W), ops, seed)
 
 
-@settings(max_examples=4, **SETTINGS)
-@given(st.integers(0, 2**16), st.sampled_from([(1, 4), (3, 6)]),
-       st.lists(st.tuples(st.sampled_from(["commit", "rollback", "materialize"]),
-                          st.integers(1, 3), st.integers(0, 1), st.integers(0, 2**16)), min_size=4, max_size=6),
-       st.sampled_from([1, 0]))
-def test_manager_lockstep_fold_after(seed, KW, ops, tma):
-    """The fused layer (on the TMA kernel, or the portable one) and the pair with every step folding its flush
-    rows after the step, against the reference backend."""
-    K, W = KW
-    geom = Mamba2Geometry(num_heads=2, head_dim=16, state_size=16, n_groups=1, conv_kernel=4, num_layers=2,
-                          state_dtype=torch.float32, act_dtype=torch.float32)
-    with ot.override(fold_after=True, fused={"TMA": tma}):
-        _lockstep(geom, SpecConfig(K, window=W), ops, seed)
-
-
 def test_manager_refusals_change_nothing():
     geom = Mamba2Geometry(num_heads=2, head_dim=16, state_size=16, n_groups=1, conv_kernel=4, num_layers=1,
                           state_dtype=torch.float32, act_dtype=torch.float32)

@@ -18,7 +18,7 @@ Run: ``python tools/kernel_resources.py --batch 256 --T 4 --W 16 [--config '{"sh
 [--allocs] [--fused] [--conv]`` (a config: launch override keys, or with ``--fused`` the fused kernel's ``BLOCK_P``,
 ``FOLD_N``, ``num_warps``, ``maxnreg``, ``HPP``, with ``--conv`` the conv update's ``num_warps``, ``BLOCK_D``; see
 :func:`ssmstate.ops.triton.override`); the launch passes row cursors as the manager does (``StepPlan.row_cursors``)
-unless a config says ``"ROW_CURSORS": 0``; ``"FOLD": 0`` builds the launch of a step that folds after it.
+unless a config says ``"ROW_CURSORS": 0``.
 """
 
 from __future__ import annotations
@@ -80,14 +80,11 @@ def capture(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, 
     cu = torch.arange(0, L + 1, T, dtype=torch.int32)
     # the manager's launch passes StepPlan.row_cursors; a ROW_CURSORS: 0 key builds the launch without them
     config, use_rc = split_config(config, 1)
-    config = dict(config or {})
-    fold = bool(config.pop("FOLD", 1))
     rc = torch.zeros((batch, 2), dtype=torch.int32).t() if use_rc else None
     gpu = ops.DeviceClass(compiled=True, sms=sms, gbps_per_sm=gbps_per_sm)
     with ops.override(device=gpu, **(config or {})):
         launches = ops.verify_launches(ck, xr, Br, dtr, rs, nc, x, dt, A, B, C, page_ids, cu, W, out, D=D,
-                                       dt_bias=dtb, z=z, row_cursors=rc, pdl=pdl, checkpoint_scale=scale,
-                                       fold=fold)
+                                       dt_bias=dtb, z=z, row_cursors=rc, pdl=pdl, checkpoint_scale=scale)
     return [(k.kernel.fn.__name__, k.kernel, (k.grid, k.args, k.kwargs)) for k in launches]  # split: two
 
 
@@ -99,8 +96,7 @@ def capture_fused(batch: int, T: int, W: int, config: dict | None, pdl: bool = F
     Dc = H * P + 2 * G * N
     e = torch.empty
     gpu = ops.DeviceClass(compiled=True, sms=sms, gbps_per_sm=gbps_per_sm)
-    config = dict(config or {})
-    fold = bool(config.pop("FOLD", 1))
+    config = config or {}
     fused = {k: v for k, v in config.items() if k in ops.config.FUSED_KEYS}  # the rest: the TMA kernel's launch
     with ops.override(device=gpu, fused=fused, **{k: v for k, v in config.items() if k not in fused}):
         launches = ops.conv_verify.conv_verify_launches(
@@ -111,7 +107,7 @@ def capture_fused(batch: int, T: int, W: int, config: dict | None, pdl: bool = F
             e(L, Dc, dtype=bf), e(L, H, dtype=bf), e(H), e(Dc, 4), e(Dc), torch.arange(1, batch + 1, dtype=torch.int32),
             torch.arange(0, L + 1, T, dtype=torch.int32), W, e(L, H, P, dtype=bf), D=e(H), dt_bias=e(H),
             counters=torch.zeros(pages, G, dtype=torch.int32), pdl=pdl, row_shift=torch.zeros(batch, dtype=torch.int32),
-            row_cursors=torch.zeros(2, batch, dtype=torch.int32), fold=fold)
+            row_cursors=torch.zeros(2, batch, dtype=torch.int32))
     return [(k.kernel.fn.__name__, k.kernel, (k.grid, k.args, k.kwargs)) for k in launches]
 
 

@@ -9,8 +9,6 @@ graph (see :mod:`ssmstate.cuda_graph`).
 from __future__ import annotations
 
 import os
-import weakref
-from collections.abc import Sequence
 from types import ModuleType
 
 import torch
@@ -72,10 +70,6 @@ class TritonBackend:
         if not isinstance(pdl, bool):
             raise ConfigError(f"pdl must be a bool, got {pdl!r}")
         self.pdl = pdl
-        # fold_flushed's layer tables, per cache (its tensors are fixed) by its layers' A tensors: built once,
-        # outside graph capture
-        self._fold_tables: weakref.WeakKeyDictionary[StateCache, dict[tuple[int, ...], Tensor]] = \
-            weakref.WeakKeyDictionary()
 
     def check(self, layout: PageLayout, device: torch.device) -> None:
         if _TRITON_ERROR is not None:
@@ -122,7 +116,7 @@ class TritonBackend:
             t["checkpoint"], t["x_ring"], t["B_ring"], t["dt_ring"], cache.ring_start, cache.num_committed,
             x, dt, A, B, C, plan.page_ids, plan.cu_seqlens, cache.layout.spec.window, out,
             D=D, dt_bias=dt_bias, z=z, row_cursors=plan.row_cursors, pdl=self.pdl if pdl is None else pdl,
-            checkpoint_scale=t.get(SCALE_NAME), sr_seed=cache.checkpoint_seed, layer=layer, fold=not plan.fold_after,
+            checkpoint_scale=t.get(SCALE_NAME), sr_seed=cache.checkpoint_seed, layer=layer,
         )
 
     def conv(self, cache: StateCache, layer: int, plan: StepPlan, xBC: Tensor, weight: Tensor,
@@ -160,39 +154,6 @@ class TritonBackend:
             t["conv"], cache.conv_shift, xBC, dt, A, weight, bias, plan.page_ids, plan.cu_seqlens,
             cache.layout.spec.window, out, D=D, dt_bias=dt_bias, z=z, activation=activation,
             row_cursors=plan.row_cursors, counters=fused_counters(cache), pdl=pdl, row_shift=plan.row_conv_shift,
-            fold=not plan.fold_after,
-        )
-
-    def folds_after_step(self, cache: StateCache, rows: int) -> bool:
-        """Whether a step of ``rows`` rows folds no row in its verifies and its flush rows of every layer in one
-        launch at commit (:meth:`fold_flushed`): where :func:`~ssmstate.ops.triton.config.fold_after_step` says
-        (small steps on a GPU, where a layer's verify lasts as long as its flush rows' programs)."""
-        g = cache.layout.geometry
-        return _ops().config.fold_after_step(rows, g.heads_per_rank, g.head_dim, g.state_size, cache.device)
-
-    def fold_flushed(self, cache: StateCache, plan: StepPlan, A: Sequence[Tensor | None]) -> None:
-        """Fold the flush rows of a ``fold_after`` step in every layer (``A``: each layer's, as its verify took
-        it), before the commit moves their cursors: one launch over a table of the layers' tensors, built once per
-        set of A tensors outside CUDA-graph capture (during a capture that has none, one launch per layer)."""
-        if any(a is None for a in A):
-            missing = [i for i, a in enumerate(A) if a is None]
-            raise ConfigError(f"fold_flushed: layers {missing} have no A (every layer is verified before a commit)")
-        layers = cache.layers
-        tables = self._fold_tables.setdefault(cache, {})
-        key = tuple(a.data_ptr() for a in A)  # type: ignore[union-attr]
-        table = tables.get(key)
-        if table is None and not (cache.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            table = _ops().fold_table([t["checkpoint"] for t in layers], [t.get(SCALE_NAME) for t in layers],
-                                      [t["x_ring"] for t in layers], [t["B_ring"] for t in layers],
-                                      [t["dt_ring"] for t in layers], A)
-            if table is not None:
-                tables[key] = table
-        spec = cache.layout.spec
-        _ops().replay_fold_flushed(
-            [t["checkpoint"] for t in layers], [t["x_ring"] for t in layers], [t["B_ring"] for t in layers],
-            [t["dt_ring"] for t in layers], A, cache.ring_start, cache.num_committed, cache.pending, plan.page_ids,
-            spec.window, checkpoint_scales=[t.get(SCALE_NAME) for t in layers], sr_seed=cache.checkpoint_seed,
-            table=table,
         )
 
     def commit(self, cache: StateCache, plan: StepPlan, accepted: Tensor, update_conv: bool,

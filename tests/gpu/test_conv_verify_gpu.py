@@ -149,15 +149,7 @@ def _compare(g, ms, ids, tol=2e-2):
             assert torch.equal(mt.read_conv(rid, layer), mr.read_conv(rid, layer))
 
 
-@pytest.fixture(params=[False, True], ids=["fold_in_verify", "fold_after"])
-def fold_mode(request):
-    """Steps fold their flush rows in the verify (the launch table's choice here) or, forced, after the step: no
-    fold in the verifies, every layer's flush rows folded in one launch at commit."""
-    with trk.override(fold_after=request.param):
-        yield request.param
-
-
-def test_manager_schedule_conv_verify(fold_mode):
+def test_manager_schedule_conv_verify():
     """Lockstep with ``conv_verify``: ragged steps, device counts, rollbacks, materialize."""
     W, T, rows = 16, 4, 6
     g, ms, params, ids = _setup(2, W, T, 8, rows, 1)
@@ -190,7 +182,7 @@ def test_manager_schedule_conv_verify(fold_mode):
 
 
 @pytest.mark.parametrize("pdl", [False, True])
-def test_cuda_graph_conv_verify(pdl, fold_mode):
+def test_cuda_graph_conv_verify(pdl):
     """A captured decode step of ``conv_verify`` per layer + commit, replayed over steps, against the reference."""
     from ssmstate.cuda_graph import DecodeStepGraph
 

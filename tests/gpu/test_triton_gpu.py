@@ -341,15 +341,7 @@ def _compare_managers(g, mt, mr, ids, tol=2e-2):
             assert rel(mt.read_conv(rid, layer), mr.read_conv(rid, layer)) < tol
 
 
-@pytest.fixture(params=[False, True], ids=["fold_in_verify", "fold_after"])
-def fold_mode(request):
-    """Steps fold their flush rows in the verify (the launch table's choice here) or, forced, after the step: no
-    fold in the verifies, every layer's flush rows folded in one launch at commit."""
-    with trk.override(fold_after=request.param):
-        yield request.param
-
-
-def test_manager_schedule_gpu(fold_mode):
+def test_manager_schedule_gpu():
     """Lockstep: random uniform and ragged steps, device counts, rollback, materialize."""
     W, T, rows = 16, 4, 6
     g, mt, mr = _managers(2, W, T, 10, rows)
@@ -378,7 +370,7 @@ def test_manager_schedule_gpu(fold_mode):
     mt.raise_device_errors()
 
 
-def test_cuda_graph_decode_step(fold_mode):
+def test_cuda_graph_decode_step():
     from ssmstate.cuda_graph import DecodeStepGraph
 
     W, T, rows, layers = 16, 4, 8, 2

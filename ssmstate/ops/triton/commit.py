@@ -7,13 +7,10 @@ page's committed ring rows into its checkpoint, one program per (row, head, P ti
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 import triton
 import triton.language as tl
 
-from ssmstate.errors import ShapeError
 from ssmstate.ops.triton.common import INTERPRETED, dot_precisions, fold, pow2, safe_cursors
 from ssmstate.ops.triton.config import device_class, ldg_block_p
 from ssmstate.ops.triton.quant import (
@@ -22,54 +19,6 @@ from ssmstate.ops.triton.quant import (
 )
 
 Tensor = torch.Tensor
-
-
-@triton.jit
-def _fold_page(ck_ptr, cks_ptr, seed_ptr, layer, xr_ptr, Br_ptr, dtr_ptr, A_ptr, page, h, pt, c, rs, R, P, N,
-               s_ck_pg, s_ck_h, s_ck_p, s_cks_pg, s_cks_h, s_xr_pg, s_xr_h, s_xr_r, s_xr_p, s_Br_pg, s_Br_g, s_Br_r,
-               s_Br_n, s_dtr_pg, s_dtr_h, s_dtr_r, HPG: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, FOLD_PREC: tl.constexpr, INTERP: tl.constexpr):
-    """Fold the ``c`` ring rows from ``rs`` of one (page, head ``h``, P tile ``pt``) into its checkpoint tile and
-    store it (as a flush row writes it). An int8 / e4m3 (bytes) checkpoint is decoded with its scales (``cks_ptr``)
-    and written back as codes and new scales; ``seed_ptr`` (int64 (1,)): the write is stochastically rounded."""
-    CK_TY: tl.constexpr = ck_ptr.dtype.element_ty
-    QMODE: tl.constexpr = (1 if CK_TY == tl.int8 else 2) if cks_ptr is not None else 0
-    SR: tl.constexpr = seed_ptr is not None
-    g = h // HPG
-    A = tl.load(A_ptr + h).to(tl.float32)
-    offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P).to(tl.int64)
-    mp = offs_p < P
-    offs_n = tl.arange(0, BLOCK_N).to(tl.int64)
-    mn = offs_n < N
-    ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p + offs_n[None, :]
-    mS = mp[:, None] & mn[None, :]
-    if QMODE > 0:
-        cks_row = cks_ptr + page * s_cks_pg + h * s_cks_h + offs_p
-        S = dequant(tl.load(ck, mask=mS, other=0), tl.load(cks_row, mask=mp, other=1.0), QMODE, INTERP)
-    else:
-        cks_row = ck  # unused
-        S = tl.load(ck, mask=mS, other=0.0).to(tl.float32)
-    kk = tl.arange(0, BLOCK_K)
-    is_hist = kk < c
-    ring = ((rs + kk) % R).to(tl.int64)
-    dtp = tl.load(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
-    XT = tl.load(xr_ptr + page * s_xr_pg + h * s_xr_h + ring[None, :] * s_xr_r + offs_p[:, None] * s_xr_p,
-                 mask=mp[:, None] & is_hist[None, :], other=0.0).to(tl.float32)
-    Bseq = tl.load(Br_ptr + page * s_Br_pg + g * s_Br_g + ring[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
-                   mask=is_hist[:, None] & mn[None, :], other=0.0).to(tl.float32)
-    S = fold(S, XT, Bseq, dtp, is_hist, A, FOLD_PREC)
-    if SR:
-        key_h = sr_head_key(sr_page_key(seed_ptr, layer, page), h)
-        bits = sr_bits(key_h, offs_p, offs_n)
-    else:
-        key_h = h  # unused
-        bits = S  # unused
-    if QMODE > 0:
-        enc, scale = encode_scales(chunk_amax(S, tl.zeros((BLOCK_P,), dtype=tl.float32)), QMODE)
-        tl.store(ck, encode_tile(S, enc, key_h, offs_p, offs_n, QMODE, SR), mask=mS)
-        tl.store(cks_row, scale, mask=mp)
-    else:
-        tl.store(ck, round_store_value(S, bits, CK_TY, SR), mask=mS)
 
 
 @triton.jit(do_not_specialize=["layer"])  # layer 1 must stay a runtime int (the SR hash casts it)
@@ -85,6 +34,11 @@ def _replay_materialize_kernel(
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD_PREC: tl.constexpr,
     INTERP: tl.constexpr,
 ):
+    # An int8 / e4m3 (bytes) checkpoint is decoded with its scales (cks_ptr) and written back as codes and new
+    # scales; seed_ptr (int64 (1,)): the write is stochastically rounded.
+    CK_TY: tl.constexpr = ck_ptr.dtype.element_ty
+    QMODE: tl.constexpr = (1 if CK_TY == tl.int8 else 2) if cks_ptr is not None else 0
+    SR: tl.constexpr = seed_ptr is not None
     pid = tl.program_id(0)
     row = tl.program_id(1)
     h = (pid // NPT).to(tl.int64)
@@ -93,57 +47,40 @@ def _replay_materialize_kernel(
     if page != 0:
         c, rs = safe_cursors(tl.load(nc_ptr + page), tl.load(rs_ptr + page), window, R)
         if c > 0:
-            _fold_page(ck_ptr, cks_ptr, seed_ptr, layer, xr_ptr, Br_ptr, dtr_ptr, A_ptr, page, h, pt, c, rs, R, P, N,
-                       s_ck_pg, s_ck_h, s_ck_p, s_cks_pg, s_cks_h, s_xr_pg, s_xr_h, s_xr_r, s_xr_p, s_Br_pg, s_Br_g,
-                       s_Br_r, s_Br_n, s_dtr_pg, s_dtr_h, s_dtr_r, HPG, BLOCK_P, BLOCK_N, BLOCK_K, FOLD_PREC, INTERP)
-
-
-#: columns of the fold-after-the-step kernel's layer table: each layer's tensors as element offsets from the first's
-FOLD_TABLE = ("checkpoint", "checkpoint_scale", "x_ring", "B_ring", "dt_ring", "A")
-
-
-@triton.jit(do_not_specialize=["layer0"])
-def _fold_flushed_kernel(
-    ck_ptr, cks_ptr, seed_ptr, layer0, off_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, pend_ptr, A_ptr, page_ptr,
-    window, R, P, N,
-    s_ck_pg, s_ck_h, s_ck_p, s_ck_n,
-    s_cks_pg, s_cks_h,
-    s_xr_pg, s_xr_h, s_xr_r, s_xr_p,
-    s_Br_pg, s_Br_g, s_Br_r, s_Br_n,
-    s_dtr_pg, s_dtr_h, s_dtr_r,
-    NPT: tl.constexpr, HPG: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD_PREC: tl.constexpr,
-    INTERP: tl.constexpr,
-):
-    # One program per (head, P tile; row; layer): a flush row (c + q > W, the cursors before the commit) folds its
-    # c history rows into the layer's checkpoint. Layer l's tensors are the first layer's plus row l of the offset
-    # table (None: one layer, these tensors); the SR hash takes layer0 + l.
-    pid = tl.program_id(0)
-    row = tl.program_id(1)
-    lidx = tl.program_id(2)
-    h = (pid // NPT).to(tl.int64)
-    pt = pid % NPT
-    page = tl.load(page_ptr + row).to(tl.int64)
-    if page != 0:
-        c, rs = safe_cursors(tl.load(nc_ptr + page), tl.load(rs_ptr + page), window, R)
-        q = tl.minimum(tl.maximum(tl.load(pend_ptr + page), 0), R - window)  # as the commit reads it
-        if (c > 0) & (c + q > window):
-            if off_ptr is not None:
-                offs = off_ptr + lidx * 6
-                ck_l = ck_ptr + tl.load(offs)
-                if cks_ptr is not None:
-                    cks_l = cks_ptr + tl.load(offs + 1)
-                else:
-                    cks_l = cks_ptr
-                xr_l = xr_ptr + tl.load(offs + 2)
-                Br_l = Br_ptr + tl.load(offs + 3)
-                dtr_l = dtr_ptr + tl.load(offs + 4)
-                A_l = A_ptr + tl.load(offs + 5)
+            g = h // HPG
+            A = tl.load(A_ptr + h).to(tl.float32)
+            offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P).to(tl.int64)
+            mp = offs_p < P
+            offs_n = tl.arange(0, BLOCK_N).to(tl.int64)
+            mn = offs_n < N
+            ck = ck_ptr + page * s_ck_pg + h * s_ck_h + offs_p[:, None] * s_ck_p + offs_n[None, :]
+            mS = mp[:, None] & mn[None, :]
+            if QMODE > 0:
+                cks_row = cks_ptr + page * s_cks_pg + h * s_cks_h + offs_p
+                S = dequant(tl.load(ck, mask=mS, other=0), tl.load(cks_row, mask=mp, other=1.0), QMODE, INTERP)
             else:
-                ck_l, cks_l, xr_l, Br_l, dtr_l, A_l = ck_ptr, cks_ptr, xr_ptr, Br_ptr, dtr_ptr, A_ptr
-            _fold_page(ck_l, cks_l, seed_ptr, layer0 + lidx, xr_l, Br_l, dtr_l, A_l, page, h, pt, c, rs, R, P, N,
-                       s_ck_pg, s_ck_h, s_ck_p, s_cks_pg, s_cks_h, s_xr_pg, s_xr_h, s_xr_r, s_xr_p, s_Br_pg, s_Br_g,
-                       s_Br_r, s_Br_n, s_dtr_pg, s_dtr_h, s_dtr_r, HPG, BLOCK_P, BLOCK_N, BLOCK_K, FOLD_PREC, INTERP)
+                S = tl.load(ck, mask=mS, other=0.0).to(tl.float32)
+            kk = tl.arange(0, BLOCK_K)
+            is_hist = kk < c
+            ring = ((rs + kk) % R).to(tl.int64)
+            dtp = tl.load(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
+            XT = tl.load(xr_ptr + page * s_xr_pg + h * s_xr_h + ring[None, :] * s_xr_r + offs_p[:, None] * s_xr_p,
+                         mask=mp[:, None] & is_hist[None, :], other=0.0).to(tl.float32)
+            Bseq = tl.load(Br_ptr + page * s_Br_pg + g * s_Br_g + ring[:, None] * s_Br_r + offs_n[None, :] * s_Br_n,
+                           mask=is_hist[:, None] & mn[None, :], other=0.0).to(tl.float32)
+            S = fold(S, XT, Bseq, dtp, is_hist, A, FOLD_PREC)
+            if SR:
+                key_h = sr_head_key(sr_page_key(seed_ptr, layer, page), h)
+                bits = sr_bits(key_h, offs_p, offs_n)
+            else:
+                key_h = h  # unused
+                bits = S  # unused
+            if QMODE > 0:
+                enc, scale = encode_scales(chunk_amax(S, tl.zeros((BLOCK_P,), dtype=tl.float32)), QMODE)
+                tl.store(ck, encode_tile(S, enc, key_h, offs_p, offs_n, QMODE, SR), mask=mS)
+                tl.store(cks_row, scale, mask=mp)
+            else:
+                tl.store(ck, round_store_value(S, bits, CK_TY, SR), mask=mS)
 
 
 # -- commit -------------------------------------------------------------------------------
@@ -268,85 +205,3 @@ def replay_materialize(
         *dt_ring.stride(), NPT=NPT, HPG=H // G, BLOCK_P=BLOCK_P, BLOCK_N=pow2(N), BLOCK_K=pow2(R),
         FOLD_PREC=dot_precisions(dev.compiled)[1], INTERP=INTERPRETED, num_warps=4,
     )
-
-
-def fold_table(checkpoints: Sequence[Tensor], checkpoint_scales: Sequence[Tensor | None], x_rings: Sequence[Tensor],
-               B_rings: Sequence[Tensor], dt_rings: Sequence[Tensor], As: Sequence[Tensor]) -> Tensor | None:
-    """The layer table :func:`replay_fold_flushed` folds every layer with in one launch: (layers, 6) int64 on the
-    checkpoints' device, each layer's tensors (:data:`FOLD_TABLE`) as element offsets from the first layer's; None
-    where the layers' tensors differ in dtype or strides (or an offset is not whole elements), and the fold then
-    takes one launch per layer. Built on the host and copied once: outside CUDA-graph capture."""
-    cols = (list(checkpoints), list(checkpoint_scales), list(x_rings), list(B_rings), list(dt_rings), list(As))
-    rows: list[list[int]] = [[] for _ in checkpoints]
-    for tensors in cols:
-        first = tensors[0]
-        for i, t in enumerate(tensors):
-            if first is None or t is None:
-                if (first is None) != (t is None):
-                    return None
-                rows[i].append(0)
-                continue
-            delta = t.data_ptr() - first.data_ptr()
-            if t.dtype != first.dtype or t.stride() != first.stride() or delta % t.element_size():
-                return None
-            rows[i].append(delta // t.element_size())
-    return torch.tensor(rows, dtype=torch.int64).to(checkpoints[0].device)
-
-
-def replay_fold_flushed(
-    checkpoints: Sequence[Tensor],
-    x_rings: Sequence[Tensor],
-    B_rings: Sequence[Tensor],
-    dt_rings: Sequence[Tensor],
-    As: Sequence[Tensor],
-    ring_start: Tensor,
-    num_committed: Tensor,
-    pending: Tensor,
-    page_ids: Tensor,
-    window: int,
-    checkpoint_scales: Sequence[Tensor | None] | None = None,
-    sr_seed: Tensor | None = None,
-    first_layer: int = 0,
-    table: Tensor | None = None,
-) -> None:
-    """Fold the flush rows of a step whose verify ran with ``fold=False``, in every layer listed: each row whose
-    page has ``num_committed + pending > W`` (the cursors as the verify read them, before the commit) gets its
-    ``c`` history rows folded into its checkpoint, as the verify's flush would have written it. Call it after the
-    step's last verify and before its commit, which then moves the flush rows' ``ring_start`` past them as always.
-
-    One launch over (head and P tile, row, layer) with a layer table (:func:`fold_table`), or one launch per layer
-    without one; no host synchronization.
-
-    Args:
-        checkpoints, x_rings, B_rings, dt_rings, As: one per layer, as :func:`replay_materialize` takes them
-            (cache-owned; A the model's (H,) float); ``checkpoint_scales``: the 8-bit checkpoints' decode scales
-            (None for others).
-        ring_start, num_committed, pending: (pages,) int32 cursors, read only. page_ids: (rows,) int32, the step's
-            rows (0 = padding, skipped); a page at most once.
-        window: W. sr_seed: as the verify's; the layers' stochastic-rounding index is ``first_layer + i``.
-        table: :func:`fold_table` of these tensors (its layer count must match), or None.
-    """
-    n = len(checkpoints)
-    if not (n == len(x_rings) == len(B_rings) == len(dt_rings) == len(As)) or n == 0:
-        raise ShapeError(f"one checkpoint, x ring, B ring, dt ring and A per layer; got {n}, {len(x_rings)}, "
-                         f"{len(B_rings)}, {len(dt_rings)}, {len(As)}")
-    scales = list(checkpoint_scales) if checkpoint_scales is not None else [None] * n
-    if table is not None and tuple(table.shape) != (n, len(FOLD_TABLE)):
-        raise ShapeError(f"the layer table must be ({n}, {len(FOLD_TABLE)}), got {tuple(table.shape)}")
-    groups = [(0, n)] if table is not None else [(i, 1) for i in range(n)]
-    for first, count in groups:
-        ck, cks = kernel_checkpoint(checkpoints[first], scales[first])
-        check_sr_seed(ck, sr_seed, first_layer + first)
-        pages, H, P, N = ck.shape
-        xr, Br, dtr = x_rings[first], B_rings[first], dt_rings[first]
-        R, G, rows = xr.shape[2], Br.shape[1], page_ids.shape[0]
-        dev = device_class(ck.device)
-        BLOCK_P = min(ldg_block_p(rows, H, P, dev), 64 if ck.device.type == "cuda" else 128)
-        NPT = triton.cdiv(P, BLOCK_P)
-        _fold_flushed_kernel[(H * NPT, rows, count)](
-            ck, cks, sr_seed, int(first_layer + first), table, xr, Br, dtr, ring_start, num_committed, pending,
-            As[first], page_ids, window, R, P, N,
-            *ck.stride(), *scale_strides(cks), *xr.stride(), *Br.stride(), *dtr.stride(),
-            NPT=NPT, HPG=H // G, BLOCK_P=BLOCK_P, BLOCK_N=pow2(N), BLOCK_K=pow2(R),
-            FOLD_PREC=dot_precisions(dev.compiled)[1], INTERP=INTERPRETED, num_warps=4,
-        )

@@ -85,7 +85,6 @@ class _Override:
     launch: dict[str, Any]
     fused: dict[str, int] = attrs.field(factory=dict)
     conv: dict[str, int] = attrs.field(factory=dict)
-    fold_after: bool | None = None
 
 
 _OVERRIDE: contextvars.ContextVar[_Override | None] = contextvars.ContextVar("ssmstate_launch_override", default=None)
@@ -93,19 +92,16 @@ _OVERRIDE: contextvars.ContextVar[_Override | None] = contextvars.ContextVar("ss
 
 @contextlib.contextmanager
 def override(device: DeviceClass | None = None, fused: dict[str, int] | None = None,
-             conv: dict[str, int] | None = None, fold_after: bool | None = None, **launch: Any) -> Iterator[None]:
+             conv: dict[str, int] | None = None, **launch: Any) -> Iterator[None]:
     """Within the block, verify launches use ``launch`` and/or the launch choice sees ``device``.
 
     ``launch``: ``shape`` (a name in the table: that shape instead of the heuristic's choice) and any of
     :data:`OVERRIDE_KEYS`, which replace the chosen shape's fields. ``device``: the device class the choice and the
     launch arguments assume (e.g. ``DeviceClass(compiled=True, sms=132, gbps_per_sm=25.4)`` to capture an H100's
     launches on CPU tensors). ``fused``: fields of the fused conv + verify launch (:data:`FUSED_KEYS`); ``conv``:
-    of the conv update's (:data:`CONV_KEYS`); ``fold_after``: whether steps fold their flush rows after the step
-    (:func:`fold_after_step`) at any size. For benchmarks and tests; results agree to fp32/tf32 rounding across
+    of the conv update's (:data:`CONV_KEYS`). For benchmarks and tests; results agree to fp32/tf32 rounding across
     launches. Inside another override's block, the fields this one leaves out keep the enclosing values.
     """
-    if fold_after is not None and not isinstance(fold_after, bool):
-        raise ConfigError(f"fold_after must be a bool or None, got {fold_after!r}")
     _check_fused_override(fused or {})
     _check_conv_override(conv or {})
     unknown = set(launch) - {"shape", *OVERRIDE_KEYS}
@@ -124,8 +120,7 @@ def override(device: DeviceClass | None = None, fused: dict[str, int] | None = N
         device = device if device is not None else outer.device
         launch = {**outer.launch, **launch}
         fused, conv = {**outer.fused, **(fused or {})}, {**outer.conv, **(conv or {})}
-        fold_after = fold_after if fold_after is not None else outer.fold_after
-    token = _OVERRIDE.set(_Override(device, dict(launch), dict(fused or {}), dict(conv or {}), fold_after))
+    token = _OVERRIDE.set(_Override(device, dict(launch), dict(fused or {}), dict(conv or {})))
     try:
         yield
     finally:
@@ -448,21 +443,3 @@ def pair_pdl_max_rows() -> int:
     """The most rows a step may have for the "triton" backend's ``conv_verify`` to launch its conv + verify pair as
     programmatic dependents on its own (``launch_table.json``'s ``pair_pdl``)."""
     return table()["pair_pdl"]["max_rows"]
-
-
-# -- the fold after the step ------------------------------------------------------------------------------------------
-
-
-def fold_after_step(rows: int, H: int, P: int, N: int, device: torch.device) -> bool:
-    """Whether the "triton" backend runs a step of ``rows`` rows with no fold in its verifies and one launch after
-    them that folds every layer's flush rows (:func:`ssmstate.ops.triton.commit.replay_fold_flushed`): on a GPU,
-    where the TMA kernel's grid has at most the table's ``fold_after.max_programs_per_sm`` programs per SM (a
-    layer's verify there lasts as long as its slowest program, a flush row's); an :func:`override`'s
-    ``fold_after`` decides at any size and on any device."""
-    ov = _OVERRIDE.get()
-    if ov is not None and ov.fold_after is not None:
-        return ov.fold_after
-    dev = device_class(device)
-    block = tma_block_p(P, N, dev)
-    limit = table()["fold_after"]["max_programs_per_sm"]
-    return dev.compiled and block > 0 and rows * H * (P // block) <= limit * dev.sms

@@ -62,7 +62,6 @@ def replay_conv_verify(
     counters: Tensor | None = None,
     pdl: bool = False,
     row_shift: Tensor | None = None,
-    fold: bool = True,
 ) -> Tensor:
     """One layer's conv update and verify in one launch (see :func:`ssmstate.ops.reference.replay_conv_verify`).
 
@@ -92,16 +91,13 @@ def replay_conv_verify(
             that kernel to end before it reads the step's inputs, then lets the next kernel launch.
         row_shift: (rows,) int32 or None: each row's page's ``conv_shift``, gathered once per step
             (``StepPlan.row_conv_shift``); the TMA kernel reads it beside the page id instead of after it.
-        fold: False folds no row; the flush rows are folded after the step, as
-            :func:`ssmstate.ops.triton.verify.replay_verify` (``fold``) says.
     Returns:
         ``out``.
     """
     for launch in conv_verify_launches(checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, conv_window,
                                        conv_shift, xBC, dt, A, weight, bias, page_ids, cu_seqlens, window, out, D=D,
                                        dt_bias=dt_bias, z=z, activation=activation, dt_softplus=dt_softplus,
-                                       row_cursors=row_cursors, counters=counters, pdl=pdl, row_shift=row_shift,
-                                       fold=fold):
+                                       row_cursors=row_cursors, counters=counters, pdl=pdl, row_shift=row_shift):
         launch.run()
     return out
 
@@ -112,8 +108,7 @@ def conv_verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_
                          window: int, out: Tensor, D: Tensor | None = None, dt_bias: Tensor | None = None,
                          z: Tensor | None = None, activation: str | None = "silu", dt_softplus: bool = True,
                          row_cursors: Tensor | None = None, counters: Tensor | None = None,
-                         pdl: bool = False, row_shift: Tensor | None = None,
-                         fold: bool = True) -> list[KernelLaunch]:
+                         pdl: bool = False, row_shift: Tensor | None = None) -> list[KernelLaunch]:
     """The launches :func:`replay_conv_verify` makes for these arguments (checked first), without running them:
     what ``tools/kernel_resources.py --fused`` compiles for a GPU on a machine without one."""
     pages, H, P, N = checkpoint.shape
@@ -137,11 +132,11 @@ def conv_verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_
                       counters=counters, silu=activation == "silu")
         step = Step(checkpoint, None, None, 0, x_ring, B_ring, dt_ring, ring_start, num_committed, x, dt, A, B, C,
                     D, dt_bias, z, out, page_ids, cu_seqlens, window, row_cursors, T, bool(dt_softplus),
-                    pdl and dev.compiled, conv=conv, fold=fold)
+                    pdl and dev.compiled, conv=conv)
         return tma_launches(step, tma, dev)
     return [_portable_launch(checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, conv_window, conv_shift,
                              xBC, dt, A, weight, bias, page_ids, cu_seqlens, window, out, D, dt_bias, z, activation,
-                             dt_softplus, counters, pdl, fold, dev)]
+                             dt_softplus, counters, pdl, dev)]
 
 
 def _tma_launch(checkpoint: Tensor, conv_window: Tensor, xBC: Tensor, rows: int, H: int, P: int, N: int, G: int,
@@ -164,7 +159,7 @@ def _portable_launch(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring
                      num_committed: Tensor, conv_window: Tensor, conv_shift: Tensor, xBC: Tensor, dt: Tensor,
                      A: Tensor, weight: Tensor, bias: Tensor | None, page_ids: Tensor, cu_seqlens: Tensor,
                      window: int, out: Tensor, D: Tensor | None, dt_bias: Tensor | None, z: Tensor | None,
-                     activation: str | None, dt_softplus: bool, counters: Tensor, pdl: bool, fold: bool,
+                     activation: str | None, dt_softplus: bool, counters: Tensor, pdl: bool,
                      dev: DeviceClass) -> KernelLaunch:
     """The portable fused kernel's launch."""
     pages, H, P, N = checkpoint.shape
@@ -196,7 +191,7 @@ def _portable_launch(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring
                   FOLD_SPLIT=dev.compiled and B_ring.dtype in (torch.bfloat16, torch.float16), FOLD_PREC=fold_prec,
                   IDX64=INTERPRETED, NATIVE_G=dev.compiled and B_ring.dtype in (torch.bfloat16, torch.float16),
                   ACT16=dev.compiled and x_ring.dtype in (torch.bfloat16, torch.float16),  # the interpreter: fp32 dots
-                  GDC=gdc, FOLD=bool(fold), num_warps=launch.num_warps, num_stages=1)
+                  GDC=gdc, num_warps=launch.num_warps, num_stages=1)
     if gdc:
         kwargs["launch_pdl"] = True
     if launch.maxnreg and dev.compiled:

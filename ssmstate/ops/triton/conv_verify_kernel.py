@@ -218,7 +218,7 @@ def conv_verify_kernel(
     BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr, EVEN: tl.constexpr,
     HAS_BIAS: tl.constexpr, SILU: tl.constexpr, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
-    IDX64: tl.constexpr, NATIVE_G: tl.constexpr, ACT16: tl.constexpr, GDC: tl.constexpr, FOLD: tl.constexpr,
+    IDX64: tl.constexpr, NATIVE_G: tl.constexpr, ACT16: tl.constexpr, GDC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     row = tl.program_id(1)
@@ -308,10 +308,7 @@ def conv_verify_kernel(
         Cd = Cs.to(tl.float32)  # (N, BLOCK_S), readout operand
         if (pt == 0) & (h0 % HPG == 0):  # append the window's B rows to the ring, once per group
             tl.store(Br_base + ring_w[None, :] * s_Br_r + offs_n[:, None], Bs, mask=mn[:, None] & ms[None, :])
-        flush = c + q > window
-        if not FOLD:  # a row with c + q > W is served over its whole sequence, folded after the step
-            flush = c < 0
-        if flush:  # flush: fold the history into the checkpoint, outputs from it
+        if c + q > window:  # flush: fold the history into the checkpoint, outputs from it
             _fused_heads(h0, S, seq, Xh, dth, dtn, A, Dh, dtb, zz, Cd, Gm, b_hist, is_hist, is_new, is_seq, causal, diag, ring, sk, ss, tw, offs_p, mp,
                          mS, ms, ll, pmt, ring_w, pt, q, lo, end, width, P, N,
                          ck_ptr, ck_page, s_ck_h, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r,

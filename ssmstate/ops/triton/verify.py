@@ -57,7 +57,6 @@ def replay_verify(
     checkpoint_scale: Tensor | None = None,
     sr_seed: Tensor | None = None,
     layer: int = 0,
-    fold: bool = True,
 ) -> Tensor:
     """ReplaySSM verify for one layer (same contract as :func:`ssmstate.ops.reference.replay_verify`).
 
@@ -93,10 +92,6 @@ def replay_verify(
         sr_seed: (1,) int64 device seed: flush rows' checkpoint writes are stochastically rounded (bf16, fp16,
             int8, fp8 checkpoints), bit for bit as :func:`ssmstate.ops.quant.quantize`; None rounds to nearest.
         layer: the layer index the stochastic-rounding hash mixes in.
-        fold: False serves every row as a non-flush row (outputs and ring appends over its whole sequence, the
-            checkpoint read only); the caller then folds the flush rows (``c + q > W``) with
-            :func:`ssmstate.ops.triton.commit.replay_fold_flushed` before the step's commit, in every layer so
-            verified. The outputs are the same either way.
 
     Launches are chosen by :func:`ssmstate.ops.triton.config.choose_launch`; benchmarks and tests pick others
     with :func:`ssmstate.ops.triton.config.override`. Results agree to fp32/tf32 rounding across launches.
@@ -107,7 +102,7 @@ def replay_verify(
     launches = verify_launches(checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, x, dt, A, B, C,
                                page_ids, cu_seqlens, window, out, D=D, dt_bias=dt_bias, z=z, dt_softplus=dt_softplus,
                                max_seqlen=max_seqlen, row_cursors=row_cursors, pdl=pdl,
-                               checkpoint_scale=checkpoint_scale, sr_seed=sr_seed, layer=layer, fold=fold)
+                               checkpoint_scale=checkpoint_scale, sr_seed=sr_seed, layer=layer)
     # a launch that overflows shared memory fails before it runs; the split flush launch (two 64 x N fp32 tiles at
     # most) fits Hopper's 227 KB for N <= 256, so a failure never leaves the first launch's writes half done
     try:
@@ -124,7 +119,7 @@ def verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring:
                     dt_bias: Tensor | None = None, z: Tensor | None = None, dt_softplus: bool = True,
                     max_seqlen: int | None = None, row_cursors: Tensor | None = None,
                     pdl: bool = False, checkpoint_scale: Tensor | None = None, sr_seed: Tensor | None = None,
-                    layer: int = 0, fold: bool = True) -> list[KernelLaunch]:
+                    layer: int = 0) -> list[KernelLaunch]:
     """The kernel launches :func:`replay_verify` makes for these arguments (checked first), without running them:
     what ``tools/kernel_resources.py`` compiles for a GPU on a machine without one."""
     pages, H, P, N = checkpoint.shape
@@ -144,7 +139,7 @@ def verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring:
     check_launch(launch, H=H, G=G, N=N, R=R, rows=rows, dev=dev)
     step = Step(checkpoint, checkpoint_scale, sr_seed, int(layer), x_ring, B_ring, dt_ring, ring_start,
                 num_committed, x, dt, A, B, C, D, dt_bias, z, out, page_ids, cu_seqlens, window, row_cursors, T,
-                bool(dt_softplus), pdl and dev.compiled, fold=fold)
+                bool(dt_softplus), pdl and dev.compiled)
     if launch.kernel == "tma":
         return tma_launches(step, launch, dev)
     return [_ldg_launch(step, launch, dev)]
@@ -227,7 +222,6 @@ class Step:
     dt_softplus: bool
     gdc: bool  # pdl=True on the GPU: the launch waits for the kernel before
     conv: ConvIn | None = None  # the fused layer's conv (the TMA kernel only)
-    fold: bool = True  # flush rows fold in the launch (False: after the step, replay_fold_flushed)
 
     def strides(self) -> tuple[int, ...]:
         """The strides but the last of every tensor, in the kernels' order."""
@@ -256,7 +250,7 @@ def tma_launches(s: Step, launch: Launch, dev: DeviceClass) -> list[KernelLaunch
     const = dict(P=P, HPG=H // G, BLOCK_P=launch.block_p, BLOCK_N=N, BLOCK_K=pow2(R),
                  BLOCK_KN=pow2(min(s.window, R)) if launch.ksplit else pow2(R), BLOCK_S=pow2(s.T),
                  DT_SOFTPLUS=s.dt_softplus, INTERP=INTERPRETED, KW=kw, BLOCK_L=pow2(kw + s.T, 1) if kw else 1,
-                 BLOCK_T=pow2(s.T, 2) if kw else 1, LATE=launch.late, FOLD=s.fold,
+                 BLOCK_T=pow2(s.T, 2) if kw else 1, LATE=launch.late,
                  num_warps=4, num_stages=1)
     if not launch.split:
         l2pf = max(launch.l2pf, 1) if tile_early == 1 else launch.l2pf  # the first tile's read before the wait
@@ -302,7 +296,7 @@ def _ldg_launch(s: Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:
                   NC=min(block_n, launch.nc), NS=3, GDC=s.gdc, HAS_D=s.D is not None, HAS_DTB=s.dt_bias is not None,
                   HAS_Z=s.z is not None, DT_SOFTPLUS=s.dt_softplus, DOT_PREC=dot_prec,
                   FOLD_SPLIT=dev.compiled and s.B_ring.dtype in (torch.bfloat16, torch.float16), FOLD_PREC=fold_prec,
-                  IDX64=INTERPRETED, INTERP=INTERPRETED, FOLD=s.fold, num_warps=4, num_stages=1, **_cap(launch, dev),
+                  IDX64=INTERPRETED, INTERP=INTERPRETED, num_warps=4, num_stages=1, **_cap(launch, dev),
                   **_pdl_flag(s.gdc))
     return KernelLaunch(verify_ldg_kernel, (H // launch.hpp * npt, rows), args, kwargs)
 

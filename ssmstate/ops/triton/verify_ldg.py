@@ -224,7 +224,7 @@ def verify_ldg_kernel(
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr, IDX64: tl.constexpr,
     NATIVE_G: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr,
-    GDC: tl.constexpr, INTERP: tl.constexpr, FOLD: tl.constexpr,
+    GDC: tl.constexpr, INTERP: tl.constexpr,
 ):
     # One program: one row, HPP heads of one group, one tile of BLOCK_P head-dim rows. What depends on the group only (cursors,
     # B and C tiles, the Gram B·Cᵀ) is computed once for the HPP heads. A quantized checkpoint (its decode scales
@@ -297,10 +297,7 @@ def verify_ldg_kernel(
         Cd = tl.trans(Cw_raw.to(tl.float32))  # (N, BLOCK_S), readout operand
         if (pt == 0) & (h0 % HPG == 0):  # append the window's B rows to the ring, once per group
             tl.store(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], B_raw, mask=is_new[:, None] & mn[None, :])
-        if FOLD:
-            flush = c + q > window
-        else:  # no row folds: a row with c + q > W is served over its whole sequence, folded after the step
-            flush = c < 0
+        flush = c + q > window
         xr_base = xr_ptr + page * s_xr_pg
         dtr_base = dtr_ptr + page * s_dtr_pg
         b_hist = Br_base + ring * s_Br_r  # the history's B rows (re-read per N chunk of a flush row's fold)

@@ -298,16 +298,14 @@ def _tma_body(
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, INTERP: tl.constexpr, PF_AHEAD: tl.constexpr, ROUTE: tl.constexpr,
     DYN: tl.constexpr, EARLY: tl.constexpr, FMODE: tl.constexpr, TILE_IN: tl.constexpr, TMA_STORE: tl.constexpr,
-    KW: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, LATE: tl.constexpr, FOLD: tl.constexpr,
+    KW: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, LATE: tl.constexpr,
 ):
     """:func:`_tma_program` once the row's cursors are known: the sequence of ``BLOCK_K`` rows (history, then the
     window), the shared B rows and Gram, then the heads. ``FMODE``: the row's route when the caller branched on it
     (0 non-flush, 1 flush: that route's build only), else -1 (the heads decide, as ``ROUTE`` says). ``TILE_IN``
     (with ``EARLY``): the head's checkpoint tile is ``S_in``, copied by the caller. ``KW`` > 0 (the fused layer): the
     window's B rows and C (``Cw``: then the conv's loads of C's channels) are conv outputs, from ``cv``, computed
-    once the program's loads and its tile's copy have gone out (one round trip for all three conv stages).
-    ``FOLD`` 0: no row folds; a row with ``c + q > W`` is served as a non-flush row over its whole sequence (its
-    checkpoint is folded after the step, :func:`ssmstate.ops.triton.commit.replay_fold_flushed`)."""
+    once the program's loads and its tile's copy have gone out (one round trip for all three conv stages)."""
     (ck_desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, rs_ptr, nc_ptr, rc_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
      dtb_ptr, z_ptr, out_ptr, page_ptr, cu_ptr, window, R, H, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
      s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t,
@@ -407,17 +405,16 @@ def _tma_body(
         key_pg = seed_ptr  # None
     flush = c + q > window
     # the fold mode as a constant where it is known at compile time (one route's rows; one head deciding inside
-    # its loop; no fold at all), else one call per route so each loop body holds only its own values (a static
-    # loop over the modes compiles to a different, larger build)
-    if FMODE >= 0 or not FOLD:  # the caller branched on the route, or no row folds: one route's build
+    # its loop), else one call per route so each loop body holds only its own values (a static loop over the
+    # modes compiles to a different, larger build)
+    if FMODE >= 0:  # the caller branched on the route: this build holds that route only
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
                    s_x_t, s_x_h, s_dt_t, s_dt_h, s_z_t, s_z_h, s_o_t, s_o_h, Br_base, ring, tok, tw, offs_p,
                    is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, cks_ptr, s_cks_pg, s_cks_h,
                    key_pg, cv, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
-                   FOLD_PREC, INTERP, FMODE if FOLD else 0, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE, KW, BLOCK_L,
-                   BLOCK_T)
+                   FOLD_PREC, INTERP, FMODE, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE, KW, BLOCK_L, BLOCK_T)
     elif ROUTE != 0 or (HEADS == 1 and not DYN):
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
@@ -453,7 +450,7 @@ def _tma_program(
     BLOCK_S: tl.constexpr, DT_SOFTPLUS: tl.constexpr, INTERP: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr,
     PF_B: tl.constexpr, PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, ROUTE: tl.constexpr, DYN: tl.constexpr,
     EARLY: tl.constexpr, GDC: tl.constexpr, TMA_STORE: tl.constexpr, KW: tl.constexpr, BLOCK_L: tl.constexpr,
-    BLOCK_T: tl.constexpr, LATE: tl.constexpr, FOLD: tl.constexpr,
+    BLOCK_T: tl.constexpr, LATE: tl.constexpr,
 ):
     """One program's work of the TMA verify kernel: row ``row``, P tile ``pt``, the ``HEADS`` heads of one group
     from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
@@ -536,22 +533,21 @@ def _tma_program(
         else:
             c, rs = safe_cursors(tl.load(nc_ptr + page), tl.load(rs_ptr + page), window, R)
         # a non-flush row's sequence is at most W rows (c + q <= W), so its build may take a tile of BLOCK_KN rows,
-        # not the ring's BLOCK_K: each route its own build (one launch for both routes: a branch on the route);
-        # without FOLD a flush row's build is the non-flush one over the ring's BLOCK_K rows
+        # not the ring's BLOCK_K: each route its own build (one launch for both routes: a branch on the route)
         if ROUTE == 0 and BLOCK_KN < BLOCK_K:
             if c + q > window:
                 _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, S_in, cv,
                           P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, DT_SOFTPLUS, INTERP,
-                          PF_AHEAD, ROUTE, DYN, EARLY, 1, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T, LATE, FOLD)
+                          PF_AHEAD, ROUTE, DYN, EARLY, 1, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T, LATE)
             else:
                 _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, S_in, cv,
                           P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_KN, BLOCK_S, DT_SOFTPLUS, INTERP,
-                          PF_AHEAD, ROUTE, DYN, EARLY, 0, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T, LATE, FOLD)
+                          PF_AHEAD, ROUTE, DYN, EARLY, 0, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T, LATE)
         else:  # one route's rows (the split non-flush launch: the short tile), or one build for both
             BK: tl.constexpr = BLOCK_KN if ROUTE == 1 else BLOCK_K
             _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, S_in, cv,
                       P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BK, BLOCK_S, DT_SOFTPLUS, INTERP, PF_AHEAD,
-                      ROUTE, DYN, EARLY, -1, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T, LATE, FOLD)
+                      ROUTE, DYN, EARLY, -1, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T, LATE)
 
 
 @triton.jit(do_not_specialize=["layer"])  # layer 1 must stay a runtime int (the SR hash casts it)
@@ -580,7 +576,7 @@ def verify_tma_kernel(
     BLOCK_KN: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_ROWS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     INTERP: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr, PF_DT: tl.constexpr,
     PF_AHEAD: tl.constexpr, ROUTE: tl.constexpr, EARLY: tl.constexpr, GDC: tl.constexpr, TMA_STORE: tl.constexpr,
-    KW: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, LATE: tl.constexpr, FOLD: tl.constexpr,
+    KW: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, LATE: tl.constexpr,
 ):
     """The TMA verify kernel. ``ROUTE`` 0: one program per (row, ``HEADS`` heads, P tile), both routes. ``ROUTE`` 1 / 2
     (the split launches): a persistent grid over the non-flush / flush rows, each program streaming an equal,
@@ -611,7 +607,7 @@ def verify_tma_kernel(
         _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt,
                      P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_KN, BLOCK_S, DT_SOFTPLUS, INTERP,
                      PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD, ROUTE, False, EARLY, GDC, TMA_STORE, KW, BLOCK_L, BLOCK_T,
-                     LATE, FOLD)
+                     LATE)
     else:
         # a persistent grid over the route's rows, ranked on the device: an empty route costs one pass over the
         # cursors. Route item x is head x % per_row of the route's row x // per_row, every head of unit cost, so
@@ -645,7 +641,7 @@ def verify_tma_kernel(
             _tma_program(pt, h, nh, r, rt,
                          P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_KN, BLOCK_S, DT_SOFTPLUS,
                          INTERP, PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD, ROUTE, True, EARLY, GDC, TMA_STORE, KW,
-                         BLOCK_L, BLOCK_T, LATE, FOLD)
+                         BLOCK_L, BLOCK_T, LATE)
             x += nh
             k = x // per_row
             r = tl.min(tl.where(rank == k, ridx, BLOCK_ROWS), axis=0)  # the same row, or the route's next
