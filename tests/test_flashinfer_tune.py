@@ -215,8 +215,9 @@ def test_a_tuner_miss_says_where_the_keys_differ():
 
 
 def test_tuner_warnings_keeps_flashinfers_distinct_warnings(monkeypatch):
-    """``tuner_warnings``: what FlashInfer's logger warns inside the block, each message once, no info lines, and
-    the handler gone afterwards; without FlashInfer's logger, nothing (and no error)."""
+    """``tuner_warnings``: what FlashInfer's logger warns inside the block and its autotuner's debug lines about
+    failed or skipped tactics, each message once, no other info or debug lines, the logger's level, handlers and
+    their levels as before afterwards; without FlashInfer's logger, nothing (and no error)."""
     import logging
     import sys
     import types
@@ -224,15 +225,24 @@ def test_tuner_warnings_keeps_flashinfers_distinct_warnings(monkeypatch):
     with ft.tuner_warnings() as warned:
         pass
     assert warned == []
-    logger = logging.Logger("fake.flashinfer.jit")
+    logger = logging.Logger("fake.flashinfer.jit")  # as FlashInfer's: outside logging's registry
     core = types.ModuleType("flashinfer.jit.core")
     core.logger = logger
     for name, mod in (("flashinfer", types.ModuleType("flashinfer")), ("flashinfer.jit", types.ModuleType("j")),
                       ("flashinfer.jit.core", core)):
         monkeypatch.setitem(sys.modules, name, mod)
+    console = logging.StreamHandler()
+    logger.addHandler(console)
+    logger.setLevel(logging.INFO)
+    logger.debug("cached: debug is off")  # the logger caches that level as disabled
     with ft.tuner_warnings() as warned:
+        assert console.level == logging.INFO  # prints no debug line
         logger.warning("tactic %s failed", 3)
         logger.info("profiling")
+        logger.debug("[Autotuner]: Skipping tactic 7, due to failure while profiling: bad")
+        logger.debug("[Autotuner]: profile 4")
         logger.warning("tactic %s failed", 3)
         logger.error("out of range")
-    assert warned == ["tactic 3 failed", "out of range"] and logger.handlers == []
+    assert warned == ["tactic 3 failed", "[Autotuner]: Skipping tactic 7, due to failure while profiling: bad",
+                      "out of range"]
+    assert logger.handlers == [console] and console.level == logging.NOTSET and logger.level == logging.INFO

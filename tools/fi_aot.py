@@ -15,7 +15,8 @@ Steps (each skipped when its output is already in ``--work``):
   5. ``--check``: the project's FlashInfer call sites, on CPU tensors with the kernel launch stubbed out, must load
      every module from the bundle and build none.
 
-Needs nvcc 13.x with the CUDA headers, ninja, a C compiler, network for step 1, and a Python with torch (CPU
+Needs nvcc 13.x with the CUDA headers (cuBLAS's from the nvidia-cublas wheel where the toolkit lacks them), ninja,
+a C compiler, network for step 1, and a Python with torch (CPU
 torch is enough; without one, ``--python`` names one, or a venv with CPU torch is made under ``--work``).
 
 Run from the repository root:
@@ -132,6 +133,11 @@ def plan() -> list[dict[str, Any]]:
     geo = dict(P=tf["P"], N=tf["N"], G=tf["G"], hpg=tf["H"] // tf["G"], T=tf["K"] + 1, W=tf["W"])
     add("tests/gpu/test_flashinfer_gpu.py", dt=f32, **geo)
     add("tests/gpu/test_flashinfer_gpu.py native", "ssu", dt=f32, **geo)
+    # FlashInfer's autotuner times every tactic behind its stream-delay kernel: without this module each tactic
+    # fails while profiling and the tuner stores none (FlashInferBackend.tune(), bench_decode_step's vllm_pair,
+    # bench_verify's tuned column, tests/gpu/test_flashinfer_tune_gpu.py)
+    specs["trtllm_utils"] = {"kind": "util", "why": ["FlashInfer's autotuner: the delay kernel it profiles tactics "
+                                                     "behind (FlashInferBackend.tune())"]}
     return list(specs.values())
 
 
@@ -140,6 +146,10 @@ def gen_spec(s: dict[str, Any]):
     import torch
 
     f32, bf16, i32 = torch.float32, torch.bfloat16, torch.int32
+    if s["kind"] == "util":
+        from flashinfer.jit.tllm_utils import gen_trtllm_utils_module
+
+        return gen_trtllm_utils_module()
     if s["kind"] == "ssu":
         from flashinfer.jit.mamba.selective_state_update import gen_selective_state_update_sm90_module
 
@@ -196,7 +206,9 @@ def stage_check() -> None:
     def load(self, so_path=None):
         if so_path is not None:
             mod = tvm_ffi.load_module(str(so_path))
-            getattr(mod, "checkpointing_ssu" if self.name.startswith("checkpointing_ssu") else "selective_state_update")
+            fn = next(f for p, f in (("checkpointing_ssu", "checkpointing_ssu"), ("trtllm_utils", "delay_kernel"),
+                                     ("", "selective_state_update")) if self.name.startswith(p))
+            getattr(mod, fn)
             loaded[self.name] = str(so_path)
         return NoLaunch()
 
@@ -298,6 +310,10 @@ def stage_check() -> None:
                                state_batch_indices=table, dst_state_batch_indices=table, pad_slot_id=0,
                                num_accepted_tokens=torch.ones(rows, dtype=torch.int32), out=torch.empty_like(x),
                                cache_steps=T)
+    # FlashInferBackend.tune() / FlashInfer's autotuner: the delay kernel it profiles every tactic behind
+    from flashinfer.tllm_utils import get_trtllm_utils_module
+
+    get_trtllm_utils_module()
     aot = str(jit_env.FLASHINFER_AOT_DIR)
     outside = sorted(k for k, v in loaded.items() if not v.startswith(aot))
     unused = sorted(set(os.listdir(aot)) - set(loaded))  # in the bundle, but no call site here asks for it
@@ -373,6 +389,27 @@ def cuda_home(args: argparse.Namespace) -> str:
         if os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
             return home
     return "/usr/local/cuda"
+
+
+def cublas_headers(work: Path, wheels: Path, home: str) -> str:
+    """A folder with cuBLAS's headers: the toolkit's own, else those of the nvidia-cublas wheel of nvcc's major
+    version (trtllm_utils includes cublasLt.h for its types only; nothing links cuBLAS)."""
+    if os.path.exists(f"{home}/include/cublasLt.h"):
+        return f"{home}/include"
+    inc = work / "cublas"
+    if not (inc / "cublasLt.h").exists():
+        major = run([f"{home}/bin/nvcc", "--version"], capture_output=True, text=True).stdout.split("release ")[1][:2]
+        req = "nvidia-cublas>=13,<14" if major == "13" else f"nvidia-cublas-cu{major}"
+        found = glob.glob(str(wheels / "nvidia_cublas*.whl"))
+        if not found:
+            run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(wheels), req])
+            found = glob.glob(str(wheels / "nvidia_cublas*.whl"))
+        inc.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(sorted(found)[-1]) as z:
+            for name in z.namelist():
+                if "/include/" in name and name.endswith(".h"):
+                    (inc / os.path.basename(name)).write_bytes(z.read(name))
+    return str(inc)
 
 
 def libcuda_stub(work: Path, home: str) -> str:
@@ -453,13 +490,14 @@ def bundle(info: dict[str, Any], fiw: Path, tvm: Path, all_ninja: Path, out: Pat
     log(f"packed {len(info['names'])} modules: {sizes}")
 
 
-def check(py: str, tvm_host: str | None, out: Path, home: str, work: Path) -> int:
-    """Unpack the bundle to a temporary folder and run stage_check against it."""
+def check(py: str, tvm_host: str | None, out: Path, home: str, work: Path, host: Path) -> int:
+    """Unpack the bundle to a temporary folder and run stage_check against it (``host``: the build Python's
+    FlashInfer dependencies that step 2 installed, after the bundle's own packages)."""
     with tempfile.TemporaryDirectory(prefix="fi_aot_check_") as d:
         with tarfile.open(out / "fi.tgz") as t:
             t.extractall(d)
         # the bundle's tvm-ffi is cp312; another build Python loads its own tvm-ffi of the same version instead
-        path = ([tvm_host] if tvm_host else []) + [f"{d}/site", str(REPO)]
+        path = ([tvm_host] if tvm_host else []) + [f"{d}/site", str(host), str(REPO)]
         env = stage_env(path, home, work / "check_ws")
         env["FLASHINFER_DISABLE_JIT"] = "1"  # a missing module raises instead of building
         # the prebuilt modules need libcudart.so.13 to load (torch with CUDA provides it on the GPU machine)
@@ -521,7 +559,7 @@ def main() -> None:
     home = cuda_home(args)
     workspace = (work / "ws").resolve() if (work / "ws").exists() else work / "ws"
     if args.check_only:
-        sys.exit(check(py, tvm_overlay(py, host, work), args.out, home, work))
+        sys.exit(check(py, tvm_overlay(py, host, work), args.out, home, work, host))
 
     env = stage_env([str(fiw), str(host), str(REPO)], home, workspace)
     info_path = work / "specs.json"
@@ -538,13 +576,17 @@ def main() -> None:
         targets = [f"{info['jit_dir']}/{n}/{n}.so" for n in info["names"] if not args.only
                    or any(s in n for s in args.only)]
         env["LIBRARY_PATH"] = os.pathsep.join(filter(None, [libcuda_stub(work, home), env.get("LIBRARY_PATH")]))
+        if any("trtllm_utils" in t for t in targets):  # its sources include cublasLt.h, which a toolkit may lack
+            inc = cublas_headers(work, args.wheels, home)
+            env["NVCC_APPEND_FLAGS"] = f"{env.get('NVCC_APPEND_FLAGS', '')} -isystem {inc}".strip()
+            env["CPLUS_INCLUDE_PATH"] = os.pathsep.join(filter(None, [inc, env.get("CPLUS_INCLUDE_PATH")]))
         run(["ninja", "-j", str(args.jobs), "-C", info["jit_dir"], "-f", str(all_ninja), *targets], env=env)
     missing = [n for n in info["names"] if not (Path(info["jit_dir"]) / n / f"{n}.so").exists()]
     if missing:
         sys.exit(f"fi_aot: not built: {missing}")
     bundle(info, fiw, tvm, all_ninja, args.out, not args.no_src)
     if args.check:
-        sys.exit(check(py, tvm_overlay(py, host, work), args.out, home, work))
+        sys.exit(check(py, tvm_overlay(py, host, work), args.out, home, work, host))
 
 
 if __name__ == "__main__":

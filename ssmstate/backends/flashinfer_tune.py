@@ -216,7 +216,7 @@ def tune(backend: "FlashInferBackend", layout: PageLayout, device: torch.device,
                     if tactic is None:  # why FlashInfer's tuner handed this call no tactic
                         entry["tuner_miss"] = miss
                         if warned:
-                            entry["tuner_warnings"] = warned[:3]
+                            entry["tuner_warnings"] = warned[:4]
                 report.append(entry)
     finally:
         backend.release(priv)
@@ -254,7 +254,10 @@ def tuned_tactic(run: Callable[[], object]) -> tuple[Any, str | None]:
         extras = runners[0].get_cache_key_extras(inputs) if inputs is not None else ()
         served = AutoTuner._get_cache_key(op, runners[0], shapes, config, extras)
         stored = tuner._winner_cache() if hasattr(tuner, "_winner_cache") else tuner.profiling_cache
-        return None, key_mismatch(served, list(stored))
+        why = key_mismatch(served, list(stored))
+        failed = getattr(getattr(tuner, "stats", None), "failed_tactics", {})
+        failed = {k: len(v) for k, v in failed.items() if k.startswith(f"{op}::")}
+        return None, why + (f"; tactics that failed while profiling: {failed}" if failed else "")
     except Exception as exc:  # another FlashInfer: say so, never fail the tune over it
         return None, f"miss (its key not readable here: {exc!r:.200})"
 
@@ -290,8 +293,10 @@ def key_mismatch(served: Any, stored: Sequence[Any], limit: int = 600) -> str:
 
 @contextlib.contextmanager
 def tuner_warnings() -> Iterator[list[str]]:
-    """The distinct warnings FlashInfer logs inside the block (a tactic that failed while profiling, a shape
-    outside the tuned buckets), in order; nothing where its logger is not there."""
+    """The distinct messages FlashInfer's autotuner logs inside the block, in order: its warnings (a shape outside
+    the tuned buckets) and the debug lines that say why a tactic failed while profiling (FlashInfer logs those at
+    debug level only; its own handlers keep printing what they printed before). Nothing where its logger is not
+    there."""
     import logging
 
     seen: list[str] = []
@@ -299,7 +304,8 @@ def tuner_warnings() -> Iterator[list[str]]:
     class Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             msg = record.getMessage()[:300]
-            if msg not in seen:
+            why = "[Autotuner]" in msg and ("fail" in msg.lower() or "skip" in msg.lower())
+            if (record.levelno >= logging.WARNING or why) and msg not in seen:
                 seen.append(msg)
 
     try:
@@ -307,12 +313,25 @@ def tuner_warnings() -> Iterator[list[str]]:
     except Exception:  # noqa: BLE001  (no FlashInfer logger: nothing to keep)
         yield seen
         return
-    handler = Keep(logging.WARNING)
+    level = logger.getEffectiveLevel()
+    others = [(h, h.level) for h in logger.handlers]
+    for h, lv in others:  # what they printed before, no more
+        h.setLevel(max(lv, level))
+    handler = Keep(logging.DEBUG)
     logger.addHandler(handler)
+    old = logger.level
+    logger.setLevel(logging.DEBUG)
+    # FlashInfer builds its logger outside logging's registry, so setLevel does not clear the logger's cache of
+    # enabled levels: clear it here, or its debug lines stay dropped
+    getattr(logger, "_cache", {}).clear()
     try:
         yield seen
     finally:
+        logger.setLevel(old)
+        getattr(logger, "_cache", {}).clear()
         logger.removeHandler(handler)
+        for h, lv in others:
+            h.setLevel(lv)
 
 
 def describe_tactic(tactic: Any) -> str:
