@@ -16,8 +16,8 @@ Steps (each skipped when its output is already in ``--work``):
      every module from the bundle and build none.
 
 Needs nvcc 13.x with the CUDA headers (cuBLAS's from the nvidia-cublas wheel where the toolkit lacks them), ninja,
-a C compiler, network for step 1, and a Python with torch (CPU
-torch is enough; without one, ``--python`` names one, or a venv with CPU torch is made under ``--work``).
+a C compiler, network for step 1, and a Python with torch (CPU torch is enough; without one, ``--python`` names
+one, or a venv with CPU torch is made under ``--work``).
 
 Run from the repository root:
   python tools/fi_aot.py                  # everything, then the bundle is in .device/
@@ -399,11 +399,13 @@ def cublas_headers(work: Path, wheels: Path, home: str) -> str:
     inc = work / "cublas"
     if not (inc / "cublasLt.h").exists():
         major = run([f"{home}/bin/nvcc", "--version"], capture_output=True, text=True).stdout.split("release ")[1][:2]
-        req = "nvidia-cublas>=13,<14" if major == "13" else f"nvidia-cublas-cu{major}"
-        found = glob.glob(str(wheels / "nvidia_cublas*.whl"))
+        # CUDA 13's wheel is nvidia-cublas 13.x; earlier majors' are nvidia-cublas-cu<major>
+        req, pattern = (("nvidia-cublas>=13,<14", "nvidia_cublas-13.*.whl") if major == "13" else
+                        (f"nvidia-cublas-cu{major}", f"nvidia_cublas_cu{major}-*.whl"))
+        found = glob.glob(str(wheels / pattern))
         if not found:
             run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(wheels), req])
-            found = glob.glob(str(wheels / "nvidia_cublas*.whl"))
+            found = glob.glob(str(wheels / pattern))
         inc.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(sorted(found)[-1]) as z:
             for name in z.namelist():
