@@ -260,7 +260,8 @@ def stage_check() -> None:
             for qs in (K + 1, [K + 1, 2, 3]):  # dense, varlen
                 plan_ = m.begin_step(["a", "b", "c"], qs)
                 L = plan_.total_tokens
-                x, B, C = torch.randn(L, H, P).bfloat16(), torch.randn(L, G, N).bfloat16(), torch.randn(L, G, N).bfloat16()
+                x, B, C = (torch.randn(L, H, P).bfloat16(), torch.randn(L, G, N).bfloat16(),
+                           torch.randn(L, G, N).bfloat16())
                 dt, D, dtb = torch.randn(L, H).to(wdt), torch.randn(H).to(wdt), torch.rand(H).to(wdt)
                 with PretendCuda():
                     m.verify(0, plan_, x, dt, B, C, -torch.rand(H) - 0.5, D=D, dt_bias=dtb)

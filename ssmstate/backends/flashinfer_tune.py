@@ -245,18 +245,18 @@ def tuned_tactic(run: Callable[[], object]) -> tuple[Any, str | None]:
         del tuner.search_cache  # the class's method again
     if not found:
         return None, "the call did not ask FlashInfer's tuner (not a tuned form)"
-    res, a, k = found[-1]
+    res, args, kwargs = found[-1]
     if res[0]:
         return res[2], None
     try:  # FlashInfer's private key and cache: diagnostics only
-        op, runners, shapes, config = a[:4]
-        inputs = a[4] if len(a) > 4 else k.get("inputs")
+        op, runners, shapes, config = args[:4]
+        inputs = args[4] if len(args) > 4 else kwargs.get("inputs")
         extras = runners[0].get_cache_key_extras(inputs) if inputs is not None else ()
         served = AutoTuner._get_cache_key(op, runners[0], shapes, config, extras)
         stored = tuner._winner_cache() if hasattr(tuner, "_winner_cache") else tuner.profiling_cache
         why = key_mismatch(served, list(stored))
-        failed = getattr(getattr(tuner, "stats", None), "failed_tactics", {})
-        failed = {k: len(v) for k, v in failed.items() if k.startswith(f"{op}::")}
+        failed_tactics = getattr(getattr(tuner, "stats", None), "failed_tactics", {})
+        failed = {runner: len(tactics) for runner, tactics in failed_tactics.items() if runner.startswith(f"{op}::")}
         return None, why + (f"; tactics that failed while profiling: {failed}" if failed else "")
     except Exception as exc:  # another FlashInfer: say so, never fail the tune over it
         return None, f"miss (its key not readable here: {exc!r:.200})"

@@ -25,7 +25,8 @@ DEV = "cuda"
 
 @pytest.fixture(autouse=True)
 def fused_at_every_batch():
-    """The manager's triton ``conv_verify`` takes the fused kernel here whatever the table's ``fused.max_programs_per_sm``."""
+    """The manager's triton ``conv_verify`` takes the fused kernel here whatever the table's
+    ``fused.max_programs_per_sm``."""
     with trk.override(fused={"MAX_ROWS": 1 << 20, "TMA": 1}):
         yield
 NEMO = dict(H=128, G=8, P=64, N=128)

@@ -60,7 +60,8 @@ def test_served_dense_call_hits_the_tuned_entry():
         print(f"  {r['form']:>6} batch {r['batch']:>3}: " +
               " ".join(f"{a} {us:7.2f} us" for a, us in r["us"].items()) + f" -> {r['chosen']}"
               + (f" (auto runs: {r['auto_runs']})" if "auto_runs" in r else "")
-              + (f"\n    tuner miss: {r['tuner_miss']}; warnings: {r.get('tuner_warnings')}" if "tuner_miss" in r else ""))
+              + (f"\n    tuner miss: {r['tuner_miss']}; warnings: {r.get('tuner_warnings')}"
+                 if "tuner_miss" in r else ""))
     assert {(r["form"], r["batch"]) for r in report} == {(f, b) for f in ("dense", "varlen") for b in sizes}
     assert all("heuristic" not in r["auto_runs"] for r in report if r["form"] == "dense")  # tuned tactics found
     tuner = AutoTuner.get()
