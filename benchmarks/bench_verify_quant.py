@@ -9,7 +9,8 @@ common step: flushes are one step in several), plus the flush verify for referen
 
 * ``ours_fp32``: our verify on an fp32 checkpoint (its heuristic launch);
 * ``ours_int8`` / ``ours_fp8``: our verify on the 8-bit checkpoint with its (pages, H, P) decode scales (the
-  heuristic's launch), and with ``--sweep`` every named launch shape, so the launch table can be set from data;
+  heuristic's launch), and with ``--sweep`` every named launch shape on both routes (``ours_sweep_nonflush_us``,
+  ``ours_sweep_flush_us``), so the launch table can be set from data;
 * ``fi_int8`` / ``fi_fp8``: FlashInfer's checkpointing_ssu on the same bytes and scales, its best algorithm per
   batch: "monolith", "auto" and "two-kernel" are each tried and the fastest kept (FlashInfer 0.7.2 runs 1-byte
   states in its monolithic kernel only: the two-kernel split takes 2- and 4-byte states, so that attempt is
@@ -92,13 +93,14 @@ def bench_dtype(name: str, T: int, W: int, batches: list[int], fi, args, l2: int
         row["ours_nonflush_us"] = timed(ours, c_nf)
         row["ours_flush_us"] = timed(ours, c_fl)
         if args.sweep and name != "fp32":
-            sweep = {}
-            for cfg in SWEEP:
-                try:
-                    sweep[label(cfg)] = timed(lambda ids, cfg=cfg: ours(ids, cfg), c_nf)
-                except Exception as exc:  # a shape this batch cannot take (split past its row limit) is recorded
-                    sweep[label(cfg)] = repr(exc)[:200]
-            row["ours_sweep_nonflush_us"] = sweep
+            for route, cs in (("nonflush", c_nf), ("flush", c_fl)):
+                sweep = {}
+                for cfg in SWEEP:
+                    try:
+                        sweep[label(cfg)] = timed(lambda ids, cfg=cfg: ours(ids, cfg), cs)
+                    except Exception as exc:  # a shape this batch cannot take (split past its row limit) is recorded
+                        sweep[label(cfg)] = repr(exc)[:200]
+                row[f"ours_sweep_{route}_us"] = sweep
         if fi is not None and name != "fp32":
             fi_rows(fi, pool, layout, b, sets, o, row, args, c_nf)
         bv.log(f"  {name} b={b}: " + json.dumps({k: (round(v, 2) if isinstance(v, float) else v)
@@ -179,12 +181,13 @@ def print_table(res: dict) -> None:
     bv.log("x fp32 = ours fp32 / ours 8-bit; x FI = FlashInfer 8-bit (its fastest algorithm) / ours 8-bit")
     for name in ("int8", "fp8"):
         for b, r in sorted(res.get(name, {}).items()):
-            if "ours_sweep_nonflush_us" in r:
-                best = min(((v, k) for k, v in r["ours_sweep_nonflush_us"].items() if isinstance(v, float)),
-                           default=(None, None))
-                sweep = ", ".join(f"{k}: {v:.2f}" if isinstance(v, float) else f"{k}: failed"
-                                  for k, v in r["ours_sweep_nonflush_us"].items())
-                bv.log(f"sweep {name} b={b} (heuristic {r['ours_nonflush_us']:.2f}, best {best[1]}): {sweep}")
+            for route in ("nonflush", "flush"):
+                if f"ours_sweep_{route}_us" not in r:
+                    continue
+                times = r[f"ours_sweep_{route}_us"]
+                best = min(((v, k) for k, v in times.items() if isinstance(v, float)), default=(None, None))
+                sweep = ", ".join(f"{k}: {v:.2f}" if isinstance(v, float) else f"{k}: failed" for k, v in times.items())
+                bv.log(f"sweep {name} {route} b={b} (heuristic {r[f'ours_{route}_us']:.2f}, best {best[1]}): {sweep}")
 
 
 def main() -> None:

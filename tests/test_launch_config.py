@@ -48,7 +48,7 @@ def test_the_table_names_every_shape_with_a_reason():
         known = {*config.OVERRIDE_KEYS, "EARLY", "PFHEADS", "SPLIT", "L2PF"}
         assert fields <= known and set(spec.get("long_ring", {})) | set(spec.get("lean", {})) <= known, name
         assert ("lean" in spec) == (len(spec.get("lean_why", "")) > 20), name  # a card's own fields say why
-    assert len(config.OVERRIDE_KEYS) + 1 <= 11  # the user keys: shape and the fields
+    assert len(config.OVERRIDE_KEYS) + 1 <= 12  # the user keys: shape and the fields
 
 
 def test_tma_kernel_chosen_where_the_geometry_allows():
@@ -264,3 +264,18 @@ def test_8bit_entries_fields_apply_under_an_override(monkeypatch):
     assert choose(64).maxnreg == 96  # fp32: the shape's own
     with ot.override(device=H200, maxnreg=0):
         assert ot.choose_launch(64, 128, 64, 128, 20, 4, CUDA, 8, state_size=1).maxnreg == 0
+
+
+def test_8bit_launches_take_outputs_8_tokens_wide():
+    """The 8-bit entries set ``BLOCK_S`` 8 (the codes' readout goes to 8-column products) and the split one 4
+    programs per SM under 128 registers; fp32 keeps 16. The kernels get ``pow2(T)`` tokens, at least that; a width
+    other than 8 or 16 is refused."""
+    for rows in (1, 8, 64, 256):
+        assert choose(rows, state_size=1).block_s == 8 and choose(rows).block_s == 16, rows
+    split = choose(64, state_size=1)
+    assert (split.shape, split.progs, split.maxnreg) == ("split", 4, 128)
+    assert all(k["BLOCK_S"] == 8 for k in _launch_kwargs(8, 20, BLOCK_S=8))
+    assert all(k["BLOCK_S"] == 16 for k in _launch_kwargs(8, 20))
+    assert _launch_kwargs(8, 20, shape="ldg", BLOCK_S=8)[0]["BLOCK_S"] == 8
+    with pytest.raises(ConfigError, match="BLOCK_S must be 8 or 16"):
+        _launch_kwargs(8, 20, BLOCK_S=4)

@@ -37,7 +37,8 @@ from tests.test_triton_common import verify_args  # noqa: E402
 #: launch overrides: both kernels, whole-tile and chunked folds (two passes over N), split, pipelined, TMA store
 LAUNCHES = [{"shape": "ldg", "HPP": 1, "FOLD_N": 8}, {"shape": "ldg_stream", "HPP": 1, "NC": 8}, {"shape": "base"},
             {"shape": "base", "FOLD_N": 16}, {"shape": "split", "FOLD_N": 16}, {"shape": "pipelined", "HEADS": 2},
-            {"shape": "split", "PROGS": 2, "maxnreg": 0, "TMA_STORE": 1}]
+            {"shape": "split", "PROGS": 2, "maxnreg": 0, "TMA_STORE": 1}, {"shape": "split", "BLOCK_S": 8},
+            {"shape": "ldg", "HPP": 1, "BLOCK_S": 8}]
 
 def launch_id(c: dict) -> str:
     return "-".join(f"{k}{v}" for k, v in c.items())

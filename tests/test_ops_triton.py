@@ -66,7 +66,8 @@ def verify_cases(draw):
         act_dtype=draw(st.sampled_from([torch.float32, torch.float32, torch.bfloat16, torch.float16])),
         extras=draw(st.booleans()),
         config=draw(st.sampled_from([None, {"BLOCK_P": 16, "FOLD_N": 16}, {"shape": "ldg", "HPP": 1, "FOLD_N": 8},
-                                     {"shape": "ldg_stream", "HPP": 1, "NC": 8}])),
+                                     {"shape": "ldg_stream", "HPP": 1, "NC": 8}, {"BLOCK_S": 8},
+                                     {"shape": "ldg", "HPP": 1, "BLOCK_S": 8}])),
         seed=draw(st.integers(0, 2**16)),
     )
 
@@ -79,6 +80,12 @@ def verify_cases(draw):
               act_dtype=torch.float32, extras=True, config=None, seed=2))
 @example(dict(H=4, G=2, P=16, N=32, W=4, T=4, rows=3, n_pad=1, route="mixed", state_dtype=torch.float32,
               act_dtype=torch.float32, extras=False, config=None, seed=3))
+@example(dict(H=4, G=2, P=16, N=32, W=6, T=3, rows=3, n_pad=1, route="mixed", state_dtype=torch.float32,
+              act_dtype=torch.bfloat16, extras=True, config={"shape": "split", "BLOCK_S": 8}, seed=4))
+@example(dict(H=2, G=1, P=32, N=16, W=8, T=4, rows=2, n_pad=1, route="mixed", state_dtype=torch.float32,
+              act_dtype=torch.float32, extras=True, config={"shape": "base", "BLOCK_S": 8}, seed=6))
+@example(dict(H=2, G=1, P=24, N=16, W=5, T=5, rows=2, n_pad=0, route="flush", state_dtype=torch.bfloat16,
+              act_dtype=torch.float32, extras=True, config={"shape": "ldg", "HPP": 1, "BLOCK_S": 8}, seed=5))
 def test_verify_matches_reference(c):
     gen = torch.Generator().manual_seed(c["seed"])
     case = make_case(gen, "cpu", pages=c["rows"] + 2, H=c["H"], G=c["G"], P=c["P"], N=c["N"], W=c["W"], T=c["T"],

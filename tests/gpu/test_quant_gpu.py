@@ -32,7 +32,9 @@ NEMO = dict(H=128, G=8, P=64, N=128, act_dtype=torch.bfloat16)
 #: every named launch shape besides the heuristic's, whole-tile and chunked folds, TMA stores (int8 and fp8)
 SHAPES = [dict(shape="latency", FOLD_N=128, TMA_STORE=1), dict(shape="one_head"),
           dict(shape="pipelined", TMA_STORE=1), dict(shape="split", PROGS=2, maxnreg=0), dict(shape="ldg_stream"),
-          dict(shape="ldg", FOLD_N=128, maxnreg=0)]
+          dict(shape="ldg", FOLD_N=128, maxnreg=0), dict(shape="latency", BLOCK_S=8, FOLD_N=128, TMA_STORE=1),
+          dict(shape="one_head", BLOCK_S=8), dict(shape="split", BLOCK_S=8, PROGS=4, maxnreg=128),
+          dict(shape="ldg", BLOCK_S=8)]
 #: each rounding variant: the heuristic's launch (one head per program at this batch), the split launches, LDG
 FAMILIES = [None, dict(shape="split"), dict(shape="ldg")]
 

@@ -48,7 +48,7 @@ def test_verify_nemotron(T, W, route, rows, n_pad):
 
 
 #: every named launch shape at batch 8 (where the heuristic takes one_head), with a few fields changed: P tiles, fold
-#: chunks, heads per pipelined program, register caps, TMA stores
+#: chunks, heads per pipelined program, register caps, TMA stores, outputs 8 tokens wide
 SHAPES = [dict(shape="base"), dict(shape="base", maxnreg=96), dict(shape="latency"),
           dict(shape="latency", BLOCK_P=32), dict(shape="latency", FOLD_N=128, TMA_STORE=1), dict(shape="one_head"),
           dict(shape="one_head", maxnreg=128), dict(shape="one_head", KSPLIT=1),
@@ -57,7 +57,9 @@ SHAPES = [dict(shape="base"), dict(shape="base", maxnreg=96), dict(shape="latenc
           dict(shape="pipelined", TMA_STORE=1), dict(shape="split"), dict(shape="split", TMA_STORE=1),
           dict(shape="split", PROGS=4, maxnreg=128), dict(shape="split", PROGS=2, maxnreg=0), dict(shape="ldg"),
           dict(shape="ldg", BLOCK_P=16), dict(shape="ldg", BLOCK_P=64, FOLD_N=64), dict(shape="ldg_stream"),
-          dict(shape="ldg_stream", NC=64, maxnreg=80)]
+          dict(shape="ldg_stream", NC=64, maxnreg=80), dict(shape="latency", BLOCK_S=8),
+          dict(shape="one_head", BLOCK_S=8), dict(shape="split", BLOCK_S=8, PROGS=4, maxnreg=128),
+          dict(shape="ldg", BLOCK_S=8)]
 
 
 @pytest.mark.parametrize("cfg", SHAPES, ids=launch_id)

@@ -25,7 +25,8 @@ from ssmstate.errors import ConfigError
 from ssmstate.ops.triton.common import compiled, dram_gbps_per_sm, num_sms, pow2
 
 #: the fields an override may set (besides ``shape``, a name in the table), and those of one kernel only
-OVERRIDE_KEYS = ("BLOCK_P", "FOLD_N", "HEADS", "PROGS", "KSPLIT", "TMA_STORE", "LATE", "HPP", "NC", "maxnreg")
+OVERRIDE_KEYS = ("BLOCK_P", "BLOCK_S", "FOLD_N", "HEADS", "PROGS", "KSPLIT", "TMA_STORE", "LATE", "HPP", "NC",
+                 "maxnreg")
 TMA_ONLY_KEYS = frozenset({"HEADS", "PROGS", "KSPLIT", "TMA_STORE", "LATE"})
 #: the override keys that switch a launch field on or off (0 or 1)
 FLAG_KEYS = ("KSPLIT", "TMA_STORE", "LATE")
@@ -77,6 +78,7 @@ class Launch:
     tma_store: bool = False  # TMA: a whole-tile fold stores the new checkpoint by one TMA bulk copy
     hpp: int = 1  # LDG: heads of one group per program
     nc: int = 0  # LDG: 0 the whole tile, else S0 Cᵀ streamed in NC-column chunks
+    block_s: int = 16  # the outputs' tile is pow2(T) tokens wide, at least this (8: products 8 columns wide)
 
 
 @attrs.frozen
@@ -186,7 +188,8 @@ def named_launch(shape: str, *, block_p: int, N: int, long_ring: bool, lean: boo
                   l2pf=spec.get("L2PF", 0),
                   pf_heads=spec.get("PFHEADS", 0), heads=spec.get("HEADS", 1), split=bool(spec.get("SPLIT", 0)),
                   progs=spec.get("PROGS", 3), ksplit=bool(spec.get("KSPLIT", 0)),
-                  tma_store=bool(spec.get("TMA_STORE", 0)), hpp=hpp, nc=spec.get("NC", 0))
+                  tma_store=bool(spec.get("TMA_STORE", 0)), hpp=hpp, nc=spec.get("NC", 0),
+                  block_s=spec.get("BLOCK_S", 16))
 
 
 def heuristic_shape(rows: int, H: int, P: int, N: int, R: int, T: int, dev: DeviceClass, G: int,
@@ -268,8 +271,9 @@ def choose_launch(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
             launch = attrs.evolve(launch, fold_n=pow2(N))
         elif pow2(R) <= _limit("tma_max_seq_rows"):  # a 64-row sequence tile (W = 32) spills under this cap
             launch = attrs.evolve(launch, maxnreg=80)
-    names = {"BLOCK_P": "block_p", "FOLD_N": "fold_n", "HEADS": "heads", "PROGS": "progs", "KSPLIT": "ksplit",
-             "TMA_STORE": "tma_store", "LATE": "late", "HPP": "hpp", "NC": "nc", "maxnreg": "maxnreg"}
+    names = {"BLOCK_P": "block_p", "BLOCK_S": "block_s", "FOLD_N": "fold_n", "HEADS": "heads", "PROGS": "progs",
+             "KSPLIT": "ksplit", "TMA_STORE": "tma_store", "LATE": "late", "HPP": "hpp", "NC": "nc",
+             "maxnreg": "maxnreg"}
     return attrs.evolve(launch, **{names[k]: bool(v) if k in FLAG_KEYS else v
                                    for k, v in fields.items()})
 
@@ -293,6 +297,8 @@ def check_launch(launch: Launch, *, H: int, G: int, N: int, R: int, rows: int, d
         raise ConfigError(f"FOLD_N must be a power of two (>= 16 on the GPU), got {fold_n}")
     if launch.block_p < 1 or launch.block_p & (launch.block_p - 1):
         raise ConfigError(f"BLOCK_P must be a power of two, got {launch.block_p}")
+    if launch.block_s not in (8, 16):
+        raise ConfigError(f"BLOCK_S must be 8 or 16 (the outputs' tile's least width), got {launch.block_s}")
     if launch.kernel == "ldg":
         _check_ldg(launch, hpg, R, dev)
     else:

@@ -248,7 +248,7 @@ def tma_launches(s: Step, launch: Launch, dev: DeviceClass) -> list[KernelLaunch
             *s.strides()[2:], *rc_strides, *(s.conv.args(H, P, N, G) if s.conv is not None else NO_CONV))
     kw = s.conv.weight.shape[1] - 1 if s.conv is not None else 0
     const = dict(P=P, HPG=H // G, BLOCK_P=launch.block_p, BLOCK_N=N, BLOCK_K=pow2(R),
-                 BLOCK_KN=pow2(min(s.window, R)) if launch.ksplit else pow2(R), BLOCK_S=pow2(s.T),
+                 BLOCK_KN=pow2(min(s.window, R)) if launch.ksplit else pow2(R), BLOCK_S=pow2(s.T, launch.block_s),
                  DT_SOFTPLUS=s.dt_softplus, INTERP=INTERPRETED, KW=kw, BLOCK_L=pow2(kw + s.T, 1) if kw else 1,
                  BLOCK_T=pow2(s.T, 2) if kw else 1, LATE=launch.late,
                  num_warps=4, num_stages=1)
@@ -290,7 +290,8 @@ def _ldg_launch(s: Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:
             s.dt_bias if s.dt_bias is not None else dummy, s.z if s.z is not None else s.x, s.out, s.page_ids, s.cu_seqlens, s.window, R, P, N,
             *s.strides()[:2], *scale_strides(s.checkpoint_scale), *s.strides()[2:])
     kwargs = dict(S_CK_P=s.checkpoint.stride(2), NPT=npt, HPG=hpg, HPP=launch.hpp, BLOCK_P=launch.block_p,
-                  BLOCK_N=block_n, BLOCK_K=pow2(R), BLOCK_S=pow2(s.T), FOLD_N=min(block_n, launch.fold_n),
+                  BLOCK_N=block_n, BLOCK_K=pow2(R), BLOCK_S=pow2(s.T, launch.block_s),
+                  FOLD_N=min(block_n, launch.fold_n),
                   EVEN=(P % launch.block_p == 0) and N == block_n,
                   NATIVE_G=dev.compiled and s.B.dtype == s.C.dtype and s.B.dtype in (torch.bfloat16, torch.float16),
                   NC=min(block_n, launch.nc), NS=3, GDC=s.gdc, HAS_D=s.D is not None, HAS_DTB=s.dt_bias is not None,
