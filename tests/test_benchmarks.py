@@ -41,18 +41,22 @@ def test_bench_verify_cpu_smoke(tmp_path: Path) -> None:
 
 
 def test_bench_verify_quant_cpu_smoke(tmp_path: Path) -> None:
-    """The 8-bit verify benchmark on CPU under the Triton interpreter (fp32 and int8 pools, batch 1): it prints
-    its table and writes each dtype's figures."""
+    """The 8-bit verify benchmark on CPU under the Triton interpreter (fp32 and int8 pools, batch 1, a sweep of two
+    launches): it prints its table and writes each dtype's figures, the sweep's on both routes."""
     out = tmp_path / "verify_quant.json"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_verify_quant.py"), "--cpu-smoke",
-                          "--dtypes", "fp32,int8", "--batches", "1", "--out", str(out)],
+                          "--dtypes", "fp32,int8", "--batches", "1", "--sweep-configs", '[{}, {"BLOCK_S": 8}]',
+                          "--out", str(out)],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     got = json.loads(out.read_text())["results"]
     assert sorted(got) == ["fp32", "int8"]
     assert got["int8"]["1"]["ours_nonflush_us"] > 0 and got["int8"]["1"]["ours_flush_us"] > 0
-    assert "batch |    fp32 |    int8" in res.stdout
+    for route in ("nonflush", "flush"):
+        sweep = got["int8"]["1"][f"ours_sweep_{route}_us"]
+        assert sorted(sweep) == ["", "BLOCK_S=8"] and all(v > 0 for v in sweep.values()), sweep
+    assert "batch |    fp32 |    int8" in res.stdout and "sweep int8 flush b=1" in res.stdout
 
 
 def test_accuracy_drift_cpu_smoke(tmp_path: Path) -> None:
