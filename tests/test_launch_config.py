@@ -49,6 +49,7 @@ def test_the_table_names_every_shape_with_a_reason():
         assert fields <= known and set(spec.get("long_ring", {})) | set(spec.get("lean", {})) <= known, name
         assert ("lean" in spec) == (len(spec.get("lean_why", "")) > 20), name  # a card's own fields say why
     assert len(config.OVERRIDE_KEYS) + 1 <= 12  # the user keys: shape and the fields
+    assert {k.lower() for k in config.OVERRIDE_KEYS} <= {f.name for f in attrs.fields(config.Launch)}
 
 
 def test_tma_kernel_chosen_where_the_geometry_allows():

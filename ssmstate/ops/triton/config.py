@@ -271,11 +271,8 @@ def choose_launch(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
             launch = attrs.evolve(launch, fold_n=pow2(N))
         elif pow2(R) <= _limit("tma_max_seq_rows"):  # a 64-row sequence tile (W = 32) spills under this cap
             launch = attrs.evolve(launch, maxnreg=80)
-    names = {"BLOCK_P": "block_p", "BLOCK_S": "block_s", "FOLD_N": "fold_n", "HEADS": "heads", "PROGS": "progs",
-             "KSPLIT": "ksplit", "TMA_STORE": "tma_store", "LATE": "late", "HPP": "hpp", "NC": "nc",
-             "maxnreg": "maxnreg"}
-    return attrs.evolve(launch, **{names[k]: bool(v) if k in FLAG_KEYS else v
-                                   for k, v in fields.items()})
+    # every override key, lower-cased, names its Launch field
+    return attrs.evolve(launch, **{k.lower(): bool(v) if k in FLAG_KEYS else v for k, v in fields.items()})
 
 
 def pdl_tile(launch: Launch, programs: int, sms: int) -> int:
