@@ -97,6 +97,28 @@ def test_materialize_quantized_gpu(variant, exact):
     assert_stored_close(st_g["checkpoint"], sc_g, st_w["checkpoint"], sc_w, exact=exact, fold_tol=FOLD_TOL)
 
 
+def test_e4m3_codes_as_bf16_exact_gpu():
+    """The readout's e4m3 decode (f16, f32, then the f32's upper half) gives every one of the 256 codes exactly,
+    as torch converts them: ±0, subnormals, ±448, NaN stays NaN."""
+    import triton
+    import triton.language as tl
+
+    from ssmstate.ops.triton.quant import e4m3_as_bf16
+
+    @triton.jit
+    def decode(src, dst):
+        o = tl.arange(0, 256)
+        tl.store(dst + o, e4m3_as_bf16(tl.load(src + o)))
+
+    raw = torch.arange(256, dtype=torch.int32, device=DEV).to(torch.uint8)
+    got = torch.empty(256, dtype=torch.bfloat16, device=DEV)
+    decode[(1,)](raw, got)
+    want = raw.view(torch.float8_e4m3fn).to(torch.bfloat16)
+    nan = want.isnan()
+    assert nan.sum() == 2 and got[nan].isnan().all()
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))  # bits: -0 stays -0
+
+
 def test_quantized_verify_in_cuda_graph():
     """A verify on an int8 checkpoint with stochastic rounding captured once and replayed: the seed is read on the
     device, so a replay after the seed moved writes the bytes of the new seed."""
