@@ -9,7 +9,7 @@ state, bf16 inputs. For each (T, W) and batch it times, with CUDA graphs:
   ``f`` the steady-state flush fraction of the commit rule under a realistic
   acceptance pattern (each draft accepted with probability 0.7, stop at the
   first rejection); also a measured "mixed" batch whose rows carry cursors drawn
-  from that steady state;
+  from that steady state, and "one_flush", one flush row among non-flush rows;
 * FlashInfer ``checkpointing_ssu`` on the same pages (the layout is shared),
   algorithm "auto" (two-kernel when batch*H >= SMs, scratch from
   ``allocate_checkpointing_ssu_scratch``), "monolith", and autotuned
@@ -294,7 +294,10 @@ def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbp
         # mixed_flush_first: the same rows with the flush rows first (row order = launch order): how much of the
         # mixed batch's time is its tail of long flush programs (ours only)
         flush_first = sorted(mixed_cs, key=lambda c: c + T <= W)
-        scen = {"nonflush": [c_nf] * b, "flush": [c_fl] * b, "mixed": mixed_cs, "mixed_flush_first": flush_first}
+        # one_flush: one flush row (the last in launch order) among non-flush rows: what a step with a single flush
+        # row costs against one whose rows all flush, the trade-off of folding every row's history together
+        scen = {"nonflush": [c_nf] * b, "flush": [c_fl] * b, "mixed": mixed_cs, "mixed_flush_first": flush_first,
+                "one_flush": [c_nf] * (b - 1) + [c_fl]}
         cfg_used = None
         set_c(scen["nonflush"])
         row["heuristic"] = attrs.asdict(trk.choose_launch(b, H, P, N, R, T, torch.device(DEV), G))
@@ -433,7 +436,7 @@ def fi_caller(pool: Pool, b: int, T: int, W: int, out: torch.Tensor | None = Non
 
 def fi_bench(fi, pool: Pool, layout: PageLayout, b: int, sets, scen, set_c, row: dict, args) -> None:
     call = fi_caller(pool, b, layout.spec.num_tokens, layout.spec.window)
-    for name in ("nonflush", "flush", "mixed"):
+    for name in ("nonflush", "flush", "mixed", "one_flush"):
         set_c(scen[name])
         for algo in ("auto", "monolith"):
             row[f"fi_{name}_{algo}_us"] = time_calls([call(ids, algo) for ids in sets], args.reps)
@@ -443,7 +446,7 @@ def fi_bench(fi, pool: Pool, layout: PageLayout, b: int, sets, scen, set_c, row:
         call(sets[0], "tuned")()
     torch.cuda.synchronize()
     row["fi_autotune_s"] = time.time() - t0
-    for name in ("nonflush", "flush", "mixed"):
+    for name in ("nonflush", "flush", "mixed", "one_flush"):
         set_c(scen[name])
         row[f"fi_{name}_tuned_us"] = time_calls([call(ids, "tuned") for ids in sets], args.reps)
 

@@ -34,7 +34,7 @@ def test_bench_verify_cpu_smoke(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     got = json.loads(out.read_text())
     assert [(r["T"], r["W"], r["batch"]) for r in got["rows"]] == [(4, 16, 1), (4, 16, 2)]
-    assert all(r["ours_nonflush_us"] > 0 and r["ours_flush_us"] > 0 for r in got["rows"])
+    assert all(r["ours_nonflush_us"] > 0 and r["ours_flush_us"] > 0 and r["ours_one_flush_us"] > 0 for r in got["rows"])
     assert "bench_verify (T:W pairs): 1/1 (100%)" in res.stderr
     assert " T   W batch |" in res.stdout
     print(f"bench_verify --cpu-smoke took {time.monotonic() - t0:.1f} s")
