@@ -4,8 +4,9 @@ verify and materialize kernels share.
 ``QMODE`` (a constexpr the kernels derive from the checkpoint pointer's element type): 0 an unquantized
 checkpoint (fp32/bf16/fp16), 1 int8, 2 fp8_e4m3fn. An fp8 checkpoint reaches the kernels as its bytes (a uint8
 view): Triton's interpreter converts fp32 to and from e4m3 inexactly (no round-to-nearest-even, no NaN, no
-saturation), so the codes are formed from the fp32 bits here, the same on the GPU and in the interpreter; only the
-GPU's decode uses the hardware conversion (exact, NaN included).
+saturation), so there the codes are formed and read from their bits (``CODES_FROM_BITS``); on the GPU the
+conversion unit forms them (``cvt.rn.satfinite``: round to nearest even, saturated, as the reference) and reads
+them (exact, NaN included).
 
 Encode of one (page, h, p) row over its N values (all fp32): ``amax = max |S|`` (NaN entries ignored), floored at
 ``QMAX 2^-117`` when positive; ``enc = 1`` if ``amax == 0`` else ``QMAX / amax``; ``scale = 1 / enc`` (both
@@ -21,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ssmstate.errors import ConfigError, ShapeError
-from ssmstate.ops.triton.common import chunk, fold_chunk_value, load_raw
+from ssmstate.ops.triton.common import INTERPRETED, chunk, fold_chunk_value, load_raw
 
 Tensor = torch.Tensor
 
@@ -30,6 +31,10 @@ RNE_MAGIC = tl.constexpr(12582912.0)
 #: the floor of a positive amax, ``QMAX 2^-117`` (int8, e4m3): the encode factor stays finite
 AMAX_FLOOR_INT8 = tl.constexpr(127.0 * 2.0**-117)
 AMAX_FLOOR_FP8 = tl.constexpr(448.0 * 2.0**-117)
+
+
+#: e4m3 codes are built from the fp32 bits where the kernels run in the interpreter (it has no fp8 type)
+CODES_FROM_BITS = tl.constexpr(INTERPRETED)
 
 
 @triton.jit
@@ -133,7 +138,17 @@ def int8_code(v):
 @triton.jit
 def fp8_code(v):
     """``v`` (already ``S * enc``) as e4m3fn bytes (uint8): clamped to [-448, 448], round to nearest even, NaN →
-    0x7F (the canonical NaN, either sign), from the fp32 bits."""
+    0x7F (the canonical NaN, either sign). On the GPU the conversion unit's ``cvt.rn.satfinite.e4m3x2.f32``, one
+    instruction per two codes; in the interpreter, which has no fp8 type, from the fp32 bits."""
+    if CODES_FROM_BITS:
+        return fp8_code_bits(v)
+    code = tl.minimum(tl.maximum(v, -448.0), 448.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    return tl.where(v == v, code, 0x7F).to(tl.uint8)
+
+
+@triton.jit
+def fp8_code_bits(v):
+    """:func:`fp8_code` from the fp32 bits, in integer operations."""
     bits = v.to(tl.int32, bitcast=True)
     sign = (bits >> 31) & 1
     a = bits & 0x7FFFFFFF
