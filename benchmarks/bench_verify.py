@@ -434,9 +434,13 @@ def fi_caller(pool: Pool, b: int, T: int, W: int, out: torch.Tensor | None = Non
     return call
 
 
+#: the scenarios FlashInfer is timed on (mixed_flush_first is ours only)
+FI_SCENARIOS = ("nonflush", "flush", "mixed", "one_flush")
+
+
 def fi_bench(fi, pool: Pool, layout: PageLayout, b: int, sets, scen, set_c, row: dict, args) -> None:
     call = fi_caller(pool, b, layout.spec.num_tokens, layout.spec.window)
-    for name in ("nonflush", "flush", "mixed", "one_flush"):
+    for name in FI_SCENARIOS:
         set_c(scen[name])
         for algo in ("auto", "monolith"):
             row[f"fi_{name}_{algo}_us"] = time_calls([call(ids, algo) for ids in sets], args.reps)
@@ -446,7 +450,7 @@ def fi_bench(fi, pool: Pool, layout: PageLayout, b: int, sets, scen, set_c, row:
         call(sets[0], "tuned")()
     torch.cuda.synchronize()
     row["fi_autotune_s"] = time.time() - t0
-    for name in ("nonflush", "flush", "mixed", "one_flush"):
+    for name in FI_SCENARIOS:
         set_c(scen[name])
         row[f"fi_{name}_tuned_us"] = time_calls([call(ids, "tuned") for ids in sets], args.reps)
 

@@ -54,7 +54,7 @@ def _encode_kernel(S_ptr, q_ptr, sc_ptr, seed_ptr, pages_ptr, layer, H, P: tl.co
 @triton.jit
 def _decode_kernel(raw_ptr, out_ptr, QMODE: tl.constexpr):
     o = tl.arange(0, 256)
-    tl.store(out_ptr + o, tq.codes(tl.load(raw_ptr + o), QMODE, True))
+    tl.store(out_ptr + o, tq.codes(tl.load(raw_ptr + o), QMODE))
 
 
 def edge_state(seed: int, B: int = 2, H: int = 2, P: int = 16, N: int = 32) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ssmstate.ops.triton.common import INTERPRETED, dot_precisions, fold, pow2, safe_cursors
+from ssmstate.ops.triton.common import dot_precisions, fold, pow2, safe_cursors
 from ssmstate.ops.triton.config import device_class, ldg_block_p
 from ssmstate.ops.triton.quant import (
     check_sr_seed, chunk_amax, dequant, encode_scales, encode_tile, kernel_checkpoint, round_store_value,
@@ -32,7 +32,6 @@ def _replay_materialize_kernel(
     s_dtr_pg, s_dtr_h, s_dtr_r,
     NPT: tl.constexpr, HPG: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD_PREC: tl.constexpr,
-    INTERP: tl.constexpr,
 ):
     # An int8 / e4m3 (bytes) checkpoint is decoded with its scales (cks_ptr) and written back as codes and new
     # scales; seed_ptr (int64 (1,)): the write is stochastically rounded.
@@ -57,7 +56,7 @@ def _replay_materialize_kernel(
             mS = mp[:, None] & mn[None, :]
             if QMODE > 0:
                 cks_row = cks_ptr + page * s_cks_pg + h * s_cks_h + offs_p
-                S = dequant(tl.load(ck, mask=mS, other=0), tl.load(cks_row, mask=mp, other=1.0), QMODE, INTERP)
+                S = dequant(tl.load(ck, mask=mS, other=0), tl.load(cks_row, mask=mp, other=1.0), QMODE)
             else:
                 S = tl.load(ck, mask=mS, other=0.0).to(tl.float32)
             kk = tl.arange(0, BLOCK_K)
@@ -203,5 +202,5 @@ def replay_materialize(
         page_ids, R if window is None else window, R, P, N,
         *checkpoint.stride(), *scale_strides(checkpoint_scale), *x_ring.stride(), *B_ring.stride(),
         *dt_ring.stride(), NPT=NPT, HPG=H // G, BLOCK_P=BLOCK_P, BLOCK_N=pow2(N), BLOCK_K=pow2(R),
-        FOLD_PREC=dot_precisions(dev.compiled)[1], INTERP=INTERPRETED, num_warps=4,
+        FOLD_PREC=dot_precisions(dev.compiled)[1], num_warps=4,
     )

@@ -33,7 +33,7 @@ AMAX_FLOOR_INT8 = tl.constexpr(127.0 * 2.0**-117)
 AMAX_FLOOR_FP8 = tl.constexpr(448.0 * 2.0**-117)
 
 
-#: e4m3 codes are built from the fp32 bits where the kernels run in the interpreter (it has no fp8 type)
+#: e4m3 codes are built and read from their bits where the kernels run in the interpreter (it has no fp8 type)
 CODES_FROM_BITS = tl.constexpr(INTERPRETED)
 
 
@@ -68,11 +68,11 @@ def fp8_decode_bits(raw):
 
 
 @triton.jit
-def codes(raw, QMODE: tl.constexpr, INTERP: tl.constexpr):
+def codes(raw, QMODE: tl.constexpr):
     """The stored codes ``q`` of an int8 / e4m3 (bytes) tile as fp32, unscaled."""
     if QMODE == 1:
         return raw.to(tl.float32)
-    elif INTERP:
+    elif CODES_FROM_BITS:
         return fp8_decode_bits(raw)
     else:
         return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
@@ -88,11 +88,11 @@ def e4m3_as_bf16(raw):
 
 
 @triton.jit
-def codes_as(raw, DT: tl.constexpr, QMODE: tl.constexpr, INTERP: tl.constexpr):
+def codes_as(raw, DT: tl.constexpr, QMODE: tl.constexpr):
     """The codes in the 16-bit dtype ``DT`` of the readout's other operand (every int8 / e4m3 value is exact in
     bf16 and fp16), or fp32 where ``DT`` is fp32 (exact in tf32 too)."""
-    if DT == tl.float32 or INTERP:
-        return codes(raw, QMODE, INTERP)
+    if DT == tl.float32 or CODES_FROM_BITS:
+        return codes(raw, QMODE)
     elif QMODE == 1:
         return raw.to(DT)
     elif DT == tl.bfloat16:
@@ -102,9 +102,9 @@ def codes_as(raw, DT: tl.constexpr, QMODE: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
-def dequant(raw, scale, QMODE: tl.constexpr, INTERP: tl.constexpr):
+def dequant(raw, scale, QMODE: tl.constexpr):
     """A (rows, cols) tile as fp32: ``fp32(q) * scale[row]`` (``scale``: (rows,) fp32)."""
-    return codes(raw, QMODE, INTERP) * scale[:, None]
+    return codes(raw, QMODE) * scale[:, None]
 
 
 @triton.jit
@@ -298,7 +298,7 @@ def load_scale(cks_row, mp, EVEN: tl.constexpr):
 def fold_store_quant(ck_page, cks_row, h, s_ck_h, mp, offs_p, N_, b_hist, is_hist, XTw, hi, lo, carry, sc_old,
                      key_h, S_CK_P: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                      FOLD_N: tl.constexpr, EVEN: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
-                     QMODE: tl.constexpr, SR: tl.constexpr, INTERP: tl.constexpr, IDX64: tl.constexpr):
+                     QMODE: tl.constexpr, SR: tl.constexpr, IDX64: tl.constexpr):
     """A flush row's fold of head ``h``'s quantized tile, stored as codes and new decode scales.
 
     ``S1 = e^{AΛ_h} dequant(S0) + (X_h w)ᵀ B_h`` (``sc_old``: the tile's decode scales, loaded before any is
@@ -308,7 +308,7 @@ def fold_store_quant(ck_page, cks_row, h, s_ck_h, mp, offs_p, N_, b_hist, is_his
     codes stochastically rounded with the bits of ``key_h`` (:func:`sr_head_key`; else unused)."""
     if FOLD_N >= BLOCK_N:
         oc, ck, mc = chunk(ck_page, h, s_ck_h, 0, mp, N_, S_CK_P, BLOCK_P, BLOCK_N, IDX64)
-        S1 = fold_chunk_value(dequant(load_raw(ck, mc, EVEN), sc_old, QMODE, INTERP) * carry, oc, b_hist, is_hist,
+        S1 = fold_chunk_value(dequant(load_raw(ck, mc, EVEN), sc_old, QMODE) * carry, oc, b_hist, is_hist,
                               N_, XTw, hi, lo, FOLD_SPLIT, FOLD_PREC)
         enc, scale = encode_scales(chunk_amax(S1, tl.zeros((BLOCK_P,), dtype=tl.float32)), QMODE)
         store_codes(ck, mc, encode_tile(S1, enc, key_h, offs_p, oc, QMODE, SR), EVEN)
@@ -316,13 +316,13 @@ def fold_store_quant(ck_page, cks_row, h, s_ck_h, mp, offs_p, N_, b_hist, is_his
         amax = tl.zeros((BLOCK_P,), dtype=tl.float32)
         for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
             oc, ck, mc = chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P, BLOCK_P, FOLD_N, IDX64)
-            S1 = fold_chunk_value(dequant(load_raw(ck, mc, EVEN), sc_old, QMODE, INTERP) * carry, oc, b_hist,
+            S1 = fold_chunk_value(dequant(load_raw(ck, mc, EVEN), sc_old, QMODE) * carry, oc, b_hist,
                                   is_hist, N_, XTw, hi, lo, FOLD_SPLIT, FOLD_PREC)
             amax = chunk_amax(S1, amax)
         enc, scale = encode_scales(amax, QMODE)
         for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
             oc, ck, mc = chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P, BLOCK_P, FOLD_N, IDX64)
-            S1 = fold_chunk_value(dequant(load_raw(ck, mc, EVEN), sc_old, QMODE, INTERP) * carry, oc, b_hist,
+            S1 = fold_chunk_value(dequant(load_raw(ck, mc, EVEN), sc_old, QMODE) * carry, oc, b_hist,
                                   is_hist, N_, XTw, hi, lo, FOLD_SPLIT, FOLD_PREC)
             store_codes(ck, mc, encode_tile(S1, enc, key_h, offs_p, oc, QMODE, SR), EVEN)
     if EVEN:

@@ -297,7 +297,7 @@ def _ldg_launch(s: Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:
                   NC=min(block_n, launch.nc), NS=3, GDC=s.gdc, HAS_D=s.D is not None, HAS_DTB=s.dt_bias is not None,
                   HAS_Z=s.z is not None, DT_SOFTPLUS=s.dt_softplus, DOT_PREC=dot_prec,
                   FOLD_SPLIT=dev.compiled and s.B_ring.dtype in (torch.bfloat16, torch.float16), FOLD_PREC=fold_prec,
-                  IDX64=INTERPRETED, INTERP=INTERPRETED, num_warps=4, num_stages=1, **_cap(launch, dev),
+                  IDX64=INTERPRETED, num_warps=4, num_stages=1, **_cap(launch, dev),
                   **_pdl_flag(s.gdc))
     return KernelLaunch(verify_ldg_kernel, (H // launch.hpp * npt, rows), args, kwargs)
 

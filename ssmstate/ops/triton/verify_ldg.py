@@ -19,12 +19,12 @@ from ssmstate.ops.triton.quant import (codes, fold_store_quant, load_scale, roun
 @triton.jit
 def _head_tile(ck_page, h, s_ck_h, mS, c_rows, ms, mp, N_, S_CK_P: tl.constexpr, BLOCK_P: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr, EVEN: tl.constexpr,
-               DOT_PREC: tl.constexpr, IDX64: tl.constexpr, QMODE: tl.constexpr, INTERP: tl.constexpr):
+               DOT_PREC: tl.constexpr, IDX64: tl.constexpr, QMODE: tl.constexpr):
     """What a head needs of its checkpoint for the outputs: the tile (NC = 0; in its stored type) or ``S0 Cᵀ``
     streamed (NC > 0; a quantized checkpoint's codes, unscaled)."""
     if NC > 0:
         return _readout(ck_page, h, s_ck_h, c_rows, ms, mp, N_, S_CK_P, BLOCK_P, BLOCK_N, BLOCK_S, NC, NS, EVEN,
-                        DOT_PREC, IDX64, QMODE, INTERP)
+                        DOT_PREC, IDX64, QMODE)
     else:
         return load_tile(ck_page, h, s_ck_h, mS, S_CK_P, BLOCK_P, BLOCK_N, EVEN)
 
@@ -32,7 +32,7 @@ def _head_tile(ck_page, h, s_ck_h, mS, c_rows, ms, mp, N_, S_CK_P: tl.constexpr,
 @triton.jit
 def _readout(ck_page, h, s_ck_h, c_rows, ms, mp, N_, S_CK_P: tl.constexpr, BLOCK_P: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr, EVEN: tl.constexpr,
-             DOT_PREC: tl.constexpr, IDX64: tl.constexpr, QMODE: tl.constexpr, INTERP: tl.constexpr):
+             DOT_PREC: tl.constexpr, IDX64: tl.constexpr, QMODE: tl.constexpr):
     """``S0 Cᵀ`` (BLOCK_P, BLOCK_S) for head ``h``, the tile streamed in NC-column chunks.
 
     A matmul K loop: the compiler pipelines the chunk loads over NS stages (cp.async into shared
@@ -42,17 +42,16 @@ def _readout(ck_page, h, s_ck_h, c_rows, ms, mp, N_, S_CK_P: tl.constexpr, BLOCK
     acc = tl.zeros((BLOCK_P, BLOCK_S), dtype=tl.float32)
     for n0 in tl.range(0, BLOCK_N, NC, num_stages=NS):
         oc, ck, mc = chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P, BLOCK_P, NC, IDX64)
-        acc, Sc = _readout_step(acc, ck, mc, oc, c_rows, ms, N_, EVEN, DOT_PREC, QMODE, INTERP)
+        acc, Sc = _readout_step(acc, ck, mc, oc, c_rows, ms, N_, EVEN, DOT_PREC, QMODE)
     return acc
 
 
 @triton.jit
-def _readout_step(acc, ck, mc, oc, c_rows, ms, N_, EVEN: tl.constexpr, DOT_PREC: tl.constexpr, QMODE: tl.constexpr,
-                  INTERP: tl.constexpr):
+def _readout_step(acc, ck, mc, oc, c_rows, ms, N_, EVEN: tl.constexpr, DOT_PREC: tl.constexpr, QMODE: tl.constexpr):
     """One chunk of the streamed readout: ``acc += S0[:, oc] C[:, oc]ᵀ`` (a quantized checkpoint's codes: the
     scales multiply the sum); returns the chunk too (fp32)."""
     if QMODE > 0:
-        Sc = codes(load_raw(ck, mc, EVEN), QMODE, INTERP)
+        Sc = codes(load_raw(ck, mc, EVEN), QMODE)
     else:
         Sc = load_chunk(ck, mc, EVEN)
     Cc = tl.load(c_rows[None, :] + oc[:, None], mask=ms[None, :] & (oc < N_)[:, None], other=0.0)
@@ -97,7 +96,7 @@ def _verify_head(
     FLUSH: tl.constexpr, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
     c_rows, BLOCK_S: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr, IDX64: tl.constexpr,
-    QMODE: tl.constexpr, SR: tl.constexpr, INTERP: tl.constexpr,
+    QMODE: tl.constexpr, SR: tl.constexpr,
 ):
     """One head of a verify row from its loaded inputs: outputs, ring append, and on a flush row the fold (a
     quantized checkpoint's: codes and scales rewritten, :func:`~ssmstate.ops.triton.quant.fold_store_quant`;
@@ -122,7 +121,7 @@ def _verify_head(
         if NC > 0:
             Y += S * (sc[:, None] * decay(A, lam_w)[None, :])
         else:
-            Y += tl.dot(codes(S, QMODE, INTERP), Cd, input_precision=DOT_PREC) * (
+            Y += tl.dot(codes(S, QMODE), Cd, input_precision=DOT_PREC) * (
                 sc[:, None] * decay(A, lam_w)[None, :])
     elif NC > 0:  # S is S0 Cᵀ (streamed readout)
         Y += S * decay(A, lam_w)[None, :]
@@ -149,7 +148,7 @@ def _verify_head(
         if QMODE > 0:
             fold_store_quant(ck_page, cks_page + h * s_cks_h + offs_p, h, s_ck_h, mp, offs_p, N_, b_hist, is_hist,
                              XTw, hi, lo, carry, sc, key_h, S_CK_P, BLOCK_P, BLOCK_N, FOLD_N, EVEN, FOLD_SPLIT,
-                             FOLD_PREC, QMODE, SR, INTERP, IDX64)
+                             FOLD_PREC, QMODE, SR, IDX64)
         elif SR:  # a 16-bit checkpoint, stochastically rounded
             for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
                 oc, ck, mc = chunk(ck_page, h, s_ck_h, n0, mp, N_, S_CK_P, BLOCK_P, FOLD_N, IDX64)
@@ -174,14 +173,14 @@ def _verify_heads(
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
     c_rows, BLOCK_S: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr, IDX64: tl.constexpr,
-    QMODE: tl.constexpr, SR: tl.constexpr, INTERP: tl.constexpr,
+    QMODE: tl.constexpr, SR: tl.constexpr,
 ):
     """Heads ``h0 .. h0 + HPP - 1`` of one row in a loop (HPP > 1 only in the interpreter: fewer, longer
     programs); ``S`` is head ``h0``'s tile, already in flight (NC = 0; with NC > 0 the loop streams each head's
     tile itself)."""
     if NC > 0:
         S = _head_tile(ck_page, h0, s_ck_h, mS, c_rows, ms, mp, N_, S_CK_P, BLOCK_P, BLOCK_N, BLOCK_S, NC, NS,
-                       EVEN, DOT_PREC, IDX64, QMODE, INTERP)
+                       EVEN, DOT_PREC, IDX64, QMODE)
     X_raw, dth, dtn, A, Dh, dtb, zz, sc = _head_inputs(
         h0, is_hist, is_new, is_seq, ring, tok, tw, offs_p, mp, ms, xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h, s_x_t,
         dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h,
@@ -191,11 +190,11 @@ def _verify_heads(
                      ck_page, Cd, G, b_hist, N_, is_hist, is_new, causal, diag, ring, tw, offs_p, mp, ms, pt,
                      ck_ptr, xr_base, s_xr_h, s_xr_r, dtr_base, s_dtr_h, s_dtr_r, out_ptr, s_o_t, s_o_h, s_ck_h,
                      S_CK_P, BLOCK_P, BLOCK_N, FOLD_N, EVEN, FLUSH, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS,
-                     DOT_PREC, FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, QMODE, SR, INTERP)
+                     DOT_PREC, FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, QMODE, SR)
         if HPP > 1:  # the next head (the last step re-loads its own head: L2 hits, no masked load)
             hn = h0 + tl.minimum(i + 1, HPP - 1)
             S = _head_tile(ck_page, hn, s_ck_h, mS, c_rows, ms, mp, N_, S_CK_P, BLOCK_P, BLOCK_N, BLOCK_S, NC,
-                           NS, EVEN, DOT_PREC, IDX64, QMODE, INTERP)
+                           NS, EVEN, DOT_PREC, IDX64, QMODE)
             X_raw, dth, dtn, A, Dh, dtb, zz, sc = _head_inputs(
                 hn, is_hist, is_new, is_seq, ring, tok, tw, offs_p, mp, ms, xr_base, s_xr_h, s_xr_r, x_ptr,
                 s_x_h, s_x_t, dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr,
@@ -224,7 +223,7 @@ def verify_ldg_kernel(
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr, IDX64: tl.constexpr,
     NATIVE_G: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr,
-    GDC: tl.constexpr, INTERP: tl.constexpr,
+    GDC: tl.constexpr,
 ):
     # One program: one row, HPP heads of one group, one tile of BLOCK_P head-dim rows. What depends on the group only (cursors,
     # B and C tiles, the Gram B·Cᵀ) is computed once for the HPP heads. A quantized checkpoint (its decode scales
@@ -308,13 +307,13 @@ def verify_ldg_kernel(
                           dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr,
                           z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h, s_ck_h, cks_page, s_cks_h, key_pg, S_CK_P, HPP,
                           BLOCK_P, BLOCK_N, FOLD_N, EVEN, True, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, DOT_PREC,
-                          FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, QMODE, SR, INTERP)
+                          FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, QMODE, SR)
         else:
             _verify_heads(h0, S, ck_page, Cd, G, b_hist, N, is_hist, is_new, is_seq, causal, diag, ring, tok, tw,
                           offs_p, mp, mS, ms, pt, ck_ptr, xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h, s_x_t,
                           dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr,
                           z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h, s_ck_h, cks_page, s_cks_h, key_pg, S_CK_P, HPP,
                           BLOCK_P, BLOCK_N, FOLD_N, EVEN, False, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, DOT_PREC,
-                          FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, QMODE, SR, INTERP)
+                          FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, QMODE, SR)
     if GDC:  # a program that skipped its row ends only after the kernel before too
         pdl_wait()

@@ -155,9 +155,9 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
     if QMODE > 0:  # the codes' product (exact: every code is exact in C's 16-bit dtype and in tf32), then the
         # rows' decode scales with the decays
         if READ16:
-            Y = tl.dot(codes_as(S0, CwT.dtype, QMODE, IDX64), CwT) * (sc[:, None] * decay(A, lam_w)[None, :])
-        else:  # (IDX64: the interpreter, which decodes e4m3 from its bits)
-            Y = tl.dot(codes_as(S0, tl.float32, QMODE, IDX64), CwT, input_precision=DOT_PREC) * (
+            Y = tl.dot(codes_as(S0, CwT.dtype, QMODE), CwT) * (sc[:, None] * decay(A, lam_w)[None, :])
+        else:  # (the interpreter, which decodes e4m3 from its bits: CODES_FROM_BITS)
+            Y = tl.dot(codes_as(S0, tl.float32, QMODE), CwT, input_precision=DOT_PREC) * (
                 sc[:, None] * decay(A, lam_w)[None, :])
     elif READ16:  # 16-bit checkpoint in C's dtype: exact products, decays on the accumulator
         Y = tl.dot(S0, CwT) * decay(A, lam_w)[None, :]
@@ -191,7 +191,7 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
             else:
                 Bf = tl.where(is_hist[:, None], B_raw.to(tl.float32), 0.0)
             if QMODE > 0:
-                S1 = fold_tile(dequant(S0, sc, QMODE, IDX64), XTw, hi, lo_, carry, Bf, FOLD_SPLIT, FOLD_PREC)
+                S1 = fold_tile(dequant(S0, sc, QMODE), XTw, hi, lo_, carry, Bf, FOLD_SPLIT, FOLD_PREC)
                 enc, scale = encode_scales(chunk_amax(S1, tl.zeros((BLOCK_P,), dtype=tl.float32)), QMODE)
                 S1q = encode_tile(S1, enc, key_h, offs_p, tl.arange(0, BLOCK_N), QMODE, SR)
                 tl.store(cks_row, scale)
@@ -209,7 +209,7 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
         elif QMODE > 0:  # N chunk by N chunk, twice: every row's amax before any byte is stored
             fold_store_quant(ck_page, cks_row, h, s_ck_h, mp, offs_p, N, Br_base + ring * s_Br_r, is_hist, XTw, hi,
                              lo_, carry, sc, key_h, BLOCK_N, BLOCK_P, BLOCK_N, FOLD_N, True, FOLD_SPLIT, FOLD_PREC,
-                             QMODE, SR, IDX64, IDX64)
+                             QMODE, SR, IDX64)
         elif SR:  # a 16-bit checkpoint, stochastically rounded, N chunk by N chunk
             b_hist = Br_base + ring * s_Br_r
             for n0 in tl.static_range(0, BLOCK_N, FOLD_N):
