@@ -44,10 +44,11 @@ def test_the_table_names_every_shape_with_a_reason():
             "ldg_stream"} == set(shapes)
     for name, spec in shapes.items():
         assert spec["kernel"] in ("tma", "ldg") and len(spec["why"]) > 20, name
-        fields = set(spec) - {"why", "kernel", "long_ring", "lean", "lean_why"}
+        fields = {k for k in spec if not k.endswith("why")} - {"kernel", "long_ring"}
         known = {*config.OVERRIDE_KEYS, "EARLY", "PFHEADS", "SPLIT", "L2PF"}
-        assert fields <= known and set(spec.get("long_ring", {})) | set(spec.get("lean", {})) <= known, name
-        assert ("lean" in spec) == (len(spec.get("lean_why", "")) > 20), name  # a card's own fields say why
+        assert fields <= known and set(spec.get("long_ring", {})) <= known, name
+        for key in (k for k in spec if k.endswith("_why")):  # a field's own reason names one of the shape's fields
+            assert key[:-4] in fields and len(spec[key]) > 20, (name, key)
     assert len(config.OVERRIDE_KEYS) + 1 <= 12  # the user keys: shape and the fields
     assert {k.lower() for k in config.OVERRIDE_KEYS} <= {f.name for f in attrs.fields(config.Launch)}
 
@@ -121,8 +122,8 @@ def test_the_fused_layer_takes_the_latency_launch_up_to_its_bound(dev):
 def test_tma_launch_heuristic_by_bandwidth_per_sm(dev):
     """As measured on the H100 80GB HBM3 (25.4 GB/s per SM, under ``lean_gbps_per_sm``): no split launches; one head
     per program up to 15 group programs per SM (batch 248 at H=128), then the pipelined launch; at 2-8 programs per
-    SM (batch 2-8) one head per program under 128 registers instead of 96; batch 9-247 with LATE (the one-head shape's
-    ``lean`` fields; not for 8-bit checkpoints); batch 1, 1,025 and W=32 as on the H200. A card that reports no
+    SM (batch 2-8) one head per program under 128 registers instead of 96; batch 9-247 in the one-head launch (with
+    LATE, as on the H200; not for 8-bit checkpoints); batch 1, 1,025 and W=32 as on the H200. A card that reports no
     bandwidth gets the H200's launches."""
     batches = (1, 2, 4, 8, 9, 64, 98, 99, 128, 247, 248, 256, 1024, 1025)
     h200 = {rows: choose(rows) for rows in batches}
@@ -133,11 +134,11 @@ def test_tma_launch_heuristic_by_bandwidth_per_sm(dev):
         return
     assert {r: got[r] for r in (1, 1025)} == {r: h200[r] for r in (1, 1025)}
     for rows in (9, 64, 98):
-        assert not h200[rows].late and got[rows] == attrs.evolve(h200[rows], late=True), rows
+        assert h200[rows].shape == "one_head" and h200[rows].late and got[rows] == h200[rows], rows
     assert choose(64, dev=dev, state_size=1) == choose(64, state_size=1)  # 8-bit: the table's quant_shapes
     assert choose(9, dev=dev, state_size=1).shape == "one_head" and not choose(9, dev=dev, state_size=1).late
     for rows in (2, 4, 8):  # 256-1,024 programs: at most 8 per SM
-        assert got[rows] == attrs.evolve(h200[rows], shape="one_head_wide", maxnreg=128), rows
+        assert got[rows] == attrs.evolve(h200[rows], shape="one_head_wide", maxnreg=128, late=False), rows
     for rows in (99, 128, 247):
         assert got[rows] == got[98] and got[rows].shape == "one_head", rows
     for rows in (248, 256, 1024):

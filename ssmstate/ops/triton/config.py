@@ -174,12 +174,10 @@ def ldg_block_p(rows: int, H: int, P: int, dev: DeviceClass) -> int:
     return block
 
 
-def named_launch(shape: str, *, block_p: int, N: int, long_ring: bool, lean: bool = False, hpp: int = 1) -> Launch:
-    """The table's ``shape`` as a :class:`Launch` for this geometry and card, with the shape's ``long_ring`` fields
-    on a ring over 32 rows and its ``lean`` fields on a card under ``lean_gbps_per_sm``."""
+def named_launch(shape: str, *, block_p: int, N: int, long_ring: bool, hpp: int = 1) -> Launch:
+    """The table's ``shape`` as a :class:`Launch` for this geometry, with the shape's ``long_ring`` fields on a ring
+    over 32 rows."""
     spec = dict(table()["shapes"][shape])
-    if lean:
-        spec.update(spec.get("lean", {}))
     if long_ring:
         spec.update(spec.get("long_ring", {}))
     fold_n = spec.get("FOLD_N", 32) or pow2(N)
@@ -263,7 +261,7 @@ def choose_launch(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
     hpg = H // max(G, 1)
     if kernel == "tma":
         launch = named_launch(shape, block_p=tma_block_p(P, N, dev) or 64, N=N,
-                              long_ring=pow2(R) > _limit("tma_max_seq_rows"), lean=dev.lean)
+                              long_ring=pow2(R) > _limit("tma_max_seq_rows"))
     else:
         launch = named_launch(shape, block_p=ldg_block_p(rows, H, P, dev), N=N, long_ring=False,
                               hpp=1 if dev.compiled else hpg)
