@@ -41,9 +41,9 @@ def choose(rows: int, R: int = 20, T: int = 4, *, dev=H200, H: int = 128, P: int
 def test_the_table_names_every_shape_with_a_reason():
     shapes = config.table()["shapes"]
     assert {"base", "latency", "one_head", "one_head_wide", "one_head_long_ring", "split", "pipelined", "ldg",
-            "ldg_stream"} == set(shapes)
+            "ldg_stream", "warp"} == set(shapes)
     for name, spec in shapes.items():
-        assert spec["kernel"] in ("tma", "ldg") and len(spec["why"]) > 20, name
+        assert spec["kernel"] in ("tma", "ldg", "warp") and len(spec["why"]) > 20, name
         fields = {k for k in spec if not k.endswith("why")} - {"kernel", "long_ring"}
         known = {*config.OVERRIDE_KEYS, "EARLY", "PFHEADS", "SPLIT", "L2PF"}
         assert fields <= known and set(spec.get("long_ring", {})) <= known, name
@@ -281,3 +281,22 @@ def test_8bit_launches_take_outputs_8_tokens_wide():
     assert _launch_kwargs(8, 20, shape="ldg", BLOCK_S=8)[0]["BLOCK_S"] == 8
     with pytest.raises(ConfigError, match="BLOCK_S must be 8 or 16"):
         _launch_kwargs(8, 20, BLOCK_S=4)
+
+
+def test_the_per_warp_kernel_runs_on_the_gpu_only():
+    """``shape="warp"`` (the Gluon kernel) takes only a register cap as a field, and raises on a machine that cannot
+    run it (the interpreter) before anything is written."""
+    with pytest.raises(ConfigError, match="do not apply"):
+        with ot.override(shape="warp", BLOCK_P=32):
+            choose(8)
+    gen = torch.Generator().manual_seed(0)
+    pages, H, P, N, G, R = 3, 2, 64, 64, 1, 20
+    ck = torch.randn(pages, H, P, N, generator=gen)
+    xr, Br, dtr = torch.zeros(pages, H, R, P), torch.zeros(pages, G, R, N), torch.zeros(pages, H, R)
+    before = ck.clone()
+    with pytest.raises(ConfigError, match="per-warp"), ot.override(shape="warp"):
+        ot.replay_verify(ck, xr, Br, dtr, torch.zeros(pages, dtype=torch.int32), torch.zeros(pages, dtype=torch.int32),
+                         torch.randn(4, H, P), torch.randn(4, H), -torch.ones(H), torch.randn(4, G, N),
+                         torch.randn(4, G, N), torch.tensor([1], dtype=torch.int32),
+                         torch.tensor([0, 4], dtype=torch.int32), 16, torch.empty(4, H, P))
+    assert torch.equal(ck, before) and not xr.any()

@@ -83,6 +83,20 @@ def test_one_head_verify_loads_go_out_together(state_dtype):
 
 
 @pytest.mark.skipif(not _HAVE_TOOLS, reason="Triton's ptxas / cuobjdump not installed")
+def test_per_warp_kernel_builds_without_spills_and_waits_before_the_step_inputs():
+    """The per-warp kernel (Gluon, ``shape="warp"``): its sm_90a build holds no spill, and with ``pdl=True`` only
+    the page id, the two cu_seqlens, the two row cursors and the tile's four column-chunk copies go out before the
+    wait, which comes before the trigger."""
+    (plain,) = _builds("--batch", "4", "--config", '{"shape": "warp"}')
+    (pdl,) = _builds("--batch", "4", "--pdl", "--config", '{"shape": "warp"}')
+    assert plain["kernel"] == pdl["kernel"] == "verify_warp_kernel"
+    assert plain["local"] == plain["stack"] == 0 and plain["waits"] == plain["triggers"] == 0
+    assert pdl["waits"] >= 1 and 0 <= pdl["wait_at"] < pdl["trigger_at"]
+    assert pdl["tma_before_wait"] == 4 and pdl["ldg_before_wait"] == 5
+    assert pdl["HMMA"] > 0 and pdl["HGMMA"] == 0  # every product an mma.sync of one warp's rows
+
+
+@pytest.mark.skipif(not _HAVE_TOOLS, reason="Triton's ptxas / cuobjdump not installed")
 def test_kernel_resources_lists_shared_buffers():
     """``--allocs``: the one-head launch's shared-memory buffers, read off its TTGIR. The checkpoint tile (64 x 128
     fp32, 32 KB) is one of them, and the build's shared memory holds at least the largest."""

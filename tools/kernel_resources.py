@@ -134,7 +134,11 @@ def compile_launch(fn, args, kwargs):
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound_args, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound_args, specialization, options)
-    src = ASTSource(fn, signature, constexprs, attrs)
+    if getattr(fn, "is_gluon", lambda: False)():  # the per-warp kernel (Gluon): its own source class
+        from triton.experimental.gluon._runtime import GluonASTSource
+        src = GluonASTSource(fn, signature, constexprs, attrs)
+    else:
+        src = ASTSource(fn, signature, constexprs, attrs)
     return triton.compile(src, target=TARGET, options=options.__dict__)
 
 

@@ -63,7 +63,7 @@ class Launch:
     """One verify launch: which kernel, and how its programs are shaped (see the shapes in ``launch_table.json``)."""
 
     shape: str
-    kernel: str  # "tma" or "ldg"
+    kernel: str  # "tma", "ldg" or "warp"
     block_p: int  # head-dim rows per program
     fold_n: int  # N columns per chunk of a flush row's fold (N: the whole tile)
     maxnreg: int = 0  # register cap (0: none; GPU only)
@@ -255,11 +255,16 @@ def choose_launch(rows: int, H: int, P: int, N: int, R: int, T: int, device: tor
             fields = {**quant_entry(rows, rows * H * (P // block), dev.sms, tma_heads(H, G)).get("fields", {}),
                       **fields}
     kernel = table()["shapes"][shape]["kernel"]
-    foreign = sorted(set(fields) & (LDG_ONLY_KEYS if kernel == "tma" else TMA_ONLY_KEYS))
+    if kernel == "warp":  # one (row, head) per program, 4 warps of 16 rows: only a register cap to choose
+        foreign = sorted(set(fields) - {"maxnreg"})
+    else:
+        foreign = sorted(set(fields) & (LDG_ONLY_KEYS if kernel == "tma" else TMA_ONLY_KEYS))
     if foreign:
         raise ConfigError(f"override keys {foreign} do not apply to the {kernel.upper()} kernel (shape {shape!r})")
     hpg = H // max(G, 1)
-    if kernel == "tma":
+    if kernel == "warp":
+        launch = named_launch(shape, block_p=P, N=N, long_ring=False)
+    elif kernel == "tma":
         launch = named_launch(shape, block_p=tma_block_p(P, N, dev) or 64, N=N,
                               long_ring=pow2(R) > _limit("tma_max_seq_rows"))
     else:
@@ -296,7 +301,7 @@ def check_launch(launch: Launch, *, H: int, G: int, N: int, R: int, rows: int, d
         raise ConfigError(f"BLOCK_S must be 8 or 16 (the outputs' tile's least width), got {launch.block_s}")
     if launch.kernel == "ldg":
         _check_ldg(launch, hpg, R, dev)
-    else:
+    elif launch.kernel == "tma":
         _check_tma(launch, hpg, N, R, rows)
 
 

@@ -1,7 +1,9 @@
 """Triton ReplaySSM verify: the host entry, same contract as :func:`ssmstate.ops.reference.replay_verify`.
 
-Two kernels over the same math (:mod:`~ssmstate.ops.triton.verify_tma`, the default where the geometry allows, and
-the portable :mod:`~ssmstate.ops.triton.verify_ldg`); :mod:`~ssmstate.ops.triton.config` chooses the launch.
+Three kernels over the same math (:mod:`~ssmstate.ops.triton.verify_tma`, the default where the geometry allows,
+the portable :mod:`~ssmstate.ops.triton.verify_ldg`, and the per-warp Gluon kernel
+:mod:`~ssmstate.ops.triton.verify_warp`, taken only by ``override(shape="warp")`` until it is timed);
+:mod:`~ssmstate.ops.triton.config` chooses the launch.
 Both read the checkpoint tile once and never form an intermediate state; the flush decision ``c + q > W`` is taken
 per row on the device, so one call serves a mixed batch and nothing syncs. Padding rows (page 0) exit at once and
 write nothing. Tensors are read and written contiguously along P and N (stride 1 there, as every cache tensor and
@@ -24,6 +26,7 @@ from ssmstate.ops.triton.config import (
 from ssmstate.ops.triton.quant import check_sr_seed, kernel_checkpoint, scale_strides
 from ssmstate.ops.triton.verify_ldg import verify_ldg_kernel
 from ssmstate.ops.triton.verify_tma import verify_tma_kernel
+from ssmstate.ops.triton import verify_warp
 
 Tensor = torch.Tensor
 
@@ -142,6 +145,8 @@ def verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring:
                 bool(dt_softplus), pdl and dev.compiled)
     if launch.kernel == "tma":
         return tma_launches(step, launch, dev)
+    if launch.kernel == "warp":
+        return [_warp_launch(step, launch, dev)]
     return [_ldg_launch(step, launch, dev)]
 
 
@@ -272,6 +277,29 @@ def tma_launches(s: Step, launch: Launch, dev: DeviceClass) -> list[KernelLaunch
                   **_l2_prefetch(0, tile_bytes, s, 1, dev), **_pdl_flag(dev.compiled))
     return [KernelLaunch(verify_tma_kernel, (launch.progs * sms, 1), args, first),
             KernelLaunch(verify_tma_kernel, (2 * sms if dev.compiled else 3, 1), args, second)]
+
+
+def _warp_launch(s: Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:
+    """The per-warp kernel's launch (:mod:`~ssmstate.ops.triton.verify_warp`): program (head, row)."""
+    pages, H, P, N = s.checkpoint.shape
+    R, G, rows = s.x_ring.shape[2], s.B_ring.shape[1], s.page_ids.shape[0]
+    if not dev.compiled or not verify_warp.warp_supported(s.checkpoint, s.x, s.B, s.C, R, s.T):
+        raise ConfigError(f"the per-warp verify kernel runs on the GPU only, with Gluon, an fp32 checkpoint (pages, H, "
+                          f"64, N) with N a multiple of 32 up to 256, 16-bit x, B and C, a ring of at most 32 rows "
+                          f"and windows of at most 8 tokens; got {tuple(s.checkpoint.shape)} "
+                          f"{s.checkpoint.dtype}, x {s.x.dtype}, B/C {s.B.dtype}/{s.C.dtype}, R={R}, T={s.T}")
+    if s.sr_seed is not None or s.conv is not None:
+        raise ConfigError("the per-warp verify kernel takes no stochastic rounding or fused conv")
+    rc = s.row_cursors
+    rc_strides = rc.stride() if rc is not None else (0, 0)
+    st = s.strides()
+    args = (verify_warp.warp_descriptor(s.checkpoint), s.checkpoint, s.x_ring, s.B_ring, s.dt_ring, s.ring_start,
+            s.num_committed, rc, s.x, s.dt, s.A, s.B, s.C, s.D, s.dt_bias, s.z, s.out, s.page_ids, s.cu_seqlens,
+            s.window, R, H, *st, *rc_strides)
+    kwargs = dict(P=P, N=N, HPG=H // G, BLOCK_K=32, FOLD_K=pow2(s.window),
+                  BLOCK_S=8, DT_SOFTPLUS=s.dt_softplus, GDC=s.gdc,
+                  num_warps=verify_warp.NUM_WARPS, **_cap(launch, dev), **_pdl_flag(s.gdc))
+    return KernelLaunch(verify_warp.verify_warp_kernel, (H, rows), args, kwargs)
 
 
 def _ldg_launch(s: Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:

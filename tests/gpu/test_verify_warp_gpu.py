@@ -1,0 +1,73 @@
+"""The per-warp verify kernel (Gluon, ``shape="warp"``) against the PyTorch reference on the GPU: outputs, the
+folded checkpoints, the ring appends, padding rows untouched, on both routes and every window length it takes.
+Skipped without CUDA or Gluon."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ssmstate.errors import ConfigError
+from ssmstate.ops import reference as ref
+from tests.test_triton_common import compare_verify, make_case, run_verify
+
+if torch.cuda.is_available():  # Triton only where it runs compiled (the CPU tests import it interpreted)
+    from ssmstate.ops import triton as trk
+    from ssmstate.ops.triton import verify_warp
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or not verify_warp.HAVE_GLUON,
+                                reason="needs a CUDA GPU and Gluon (Triton >= 3.6)")
+
+NEMO = dict(H=128, G=8, P=64, N=128)
+NANO = dict(H=64, G=8, P=64, N=128)
+
+
+def run_warp(case: dict, **kw):
+    with trk.override(shape="warp"):
+        return run_verify(trk.replay_verify, case, **kw)
+
+
+@pytest.mark.parametrize("geom", ["nemo", "nano"])
+@pytest.mark.parametrize("T,W,route,rows,n_pad", [
+    (4, 16, "mixed", 12, 3), (4, 16, "flush", 5, 1), (4, 16, "nonflush", 5, 1), (1, 16, "mixed", 6, 1),
+    (2, 16, "mixed", 9, 2), (8, 16, "flush", 4, 0), (8, 24, "mixed", 9, 2), (3, 5, "mixed", 7, 1),
+])
+def test_warp_matches_reference(geom, T, W, route, rows, n_pad):
+    gen = torch.Generator().manual_seed(T * 100 + W + rows)
+    case = make_case(gen, "cuda", pages=rows + 3, W=W, T=T, rows=rows, n_pad=n_pad, route=route,
+                     act_dtype=torch.bfloat16, **(NEMO if geom == "nemo" else NANO))
+    got = run_warp(case)
+    want = run_verify(ref.replay_verify, case)
+    compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
+
+
+@pytest.mark.parametrize("route", ["mixed", "flush"])
+def test_warp_without_d_dt_bias_z(route):
+    gen = torch.Generator().manual_seed(5)
+    case = make_case(gen, "cuda", pages=10, W=16, T=4, rows=8, n_pad=1, route=route, act_dtype=torch.bfloat16,
+                     extras=False, **NEMO)
+    compare_verify(case, run_warp(case), run_verify(ref.replay_verify, case), out_tol=1e-2, state_tol=1e-5)
+
+
+@pytest.mark.parametrize("route", ["mixed", "flush"])
+def test_warp_row_cursors_and_n256(route):
+    """N = 256 (eight TMA chunks), the row cursors the manager passes."""
+    gen = torch.Generator().manual_seed(11)
+    case = make_case(gen, "cuda", pages=12, W=16, T=4, rows=9, n_pad=1, route=route, act_dtype=torch.bfloat16,
+                     H=16, G=2, P=64, N=256)
+    rc = torch.stack((case["ring_start"][case["page_ids"].long()],
+                      case["num_committed"][case["page_ids"].long()])).to(torch.int32).contiguous()
+    got = run_warp(case, row_cursors=rc)
+    want = run_verify(ref.replay_verify, case)
+    compare_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
+
+
+def test_warp_rejects_what_it_cannot_take():
+    gen = torch.Generator().manual_seed(1)
+    case = make_case(gen, "cuda", pages=6, W=16, T=4, rows=3, n_pad=0, act_dtype=torch.bfloat16,
+                     state_dtype=torch.bfloat16, **NEMO)
+    before = {k: v.clone() for k, v in case["state"].items()}
+    with pytest.raises(ConfigError, match="per-warp"):
+        run_warp(case)
+    for k, v in case["state"].items():
+        assert torch.equal(v, before[k])
