@@ -478,7 +478,8 @@ def print_table(rows: list[dict], variants: list[str], copy_tbps: float) -> None
 
 def markdown(paths: list[str]) -> str:
     """The docs/performance.md decode-step table from saved JSON files: µs per step (ratio vLLM pair ÷ variant,
-    % of copy bandwidth), the card of each file named; a variant no row measured gets no column."""
+    % of copy bandwidth), the card of each file named; a variant no row measured gets no column, and a launch
+    override's (``VARIANT@NAME``) follows the others."""
     runs = []
     for path in paths:
         with open(path) as fh:
@@ -486,6 +487,8 @@ def markdown(paths: list[str]) -> str:
         runs += res.get("runs", [res])  # a docs/results record holds one run per model under "runs"
     cols = tuple(v for v in ("ours", "ours_fused", "ours_fused_pdl", "ours_unfused", "ours_unfused_pdl", "vllm_pair",
                              "fi_backend", "native") if any(f"{v}_us" in r for res in runs for r in res["rows"]))
+    # launch-override variants (VARIANT@NAME) after them, in the order the runs name them
+    cols += tuple(dict.fromkeys(v for res in runs for v in res.get("variants", []) if "@" in v))
     out = ["| card | model | batch | flush % | " + " | ".join(cols) + " |", "|---" * (4 + len(cols)) + "|"]
     for res in runs:
         card = res["env"]["gpu"]

@@ -300,7 +300,8 @@ def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbp
                 "one_flush": [c_nf] * (b - 1) + [c_fl]}
         cfg_used = None
         set_c(scen["nonflush"])
-        row["heuristic"] = attrs.asdict(trk.choose_launch(b, H, P, N, R, T, torch.device(DEV), G))
+        warp_ok = trk.verify_warp.warp_supported(pool.ck, x, B, C, R, T) and DEV == "cuda"  # as replay_verify
+        row["heuristic"] = attrs.asdict(trk.choose_launch(b, H, P, N, R, T, torch.device(DEV), G, warp_ok=warp_ok))
         row["ours_default_nonflush_us"] = time_calls([ours(j) for j in range(nsets)], args.reps)
         if args.sweep:
             # every candidate on both routes; ours_* below use the fastest non-flush candidate

@@ -300,3 +300,14 @@ def test_the_per_warp_kernel_runs_on_the_gpu_only():
                          torch.randn(4, G, N), torch.tensor([1], dtype=torch.int32),
                          torch.tensor([0, 4], dtype=torch.int32), 16, torch.empty(4, H, P))
     assert torch.equal(ck, before) and not xr.any()
+
+
+def test_the_per_warp_kernel_takes_fp32_verifies_on_lean_cards():
+    """Where the per-warp kernel takes the call, a card under ``lean_gbps_per_sm`` (the H100 80GB HBM3) runs it at
+    every batch; the H200 keeps its TMA launches, and neither the fused layer nor an 8-bit checkpoint takes it."""
+    for rows in (1, 2, 4, 8, 16, 64, 128, 256, 1024):
+        assert choose(rows, dev=H100, warp_ok=True).kernel == "warp"
+        assert choose(rows, dev=H200, warp_ok=True) == choose(rows, dev=H200)
+        assert choose(rows, dev=H100) == choose(rows, dev=H100, warp_ok=False)
+    assert choose(8, dev=H100, warp_ok=True, fused=True).kernel == "tma"
+    assert choose(8, dev=H100, warp_ok=True, state_size=1).kernel == "tma"

@@ -71,3 +71,40 @@ def test_warp_rejects_what_it_cannot_take():
         run_warp(case)
     for k, v in case["state"].items():
         assert torch.equal(v, before[k])
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+def test_warp_in_a_cuda_graph_after_a_kernel(pdl):
+    """Captured in a CUDA graph behind a kernel that writes the step's x (its programs wait for it with
+    ``pdl=True``), with copies of the output and the checkpoint right after; every replay from the same state
+    matches the reference."""
+    gen = torch.Generator().manual_seed(9)
+    case = make_case(gen, "cuda", pages=40, W=16, T=4, rows=32, n_pad=2, route="mixed", act_dtype=torch.bfloat16,
+                     **NEMO)
+    want = run_verify(ref.replay_verify, case)
+    st = {k: v.clone() for k, v in case["state"].items()}
+    x_src = case["x"].clone()
+    x = torch.zeros_like(x_src)
+    out = torch.empty_like(x)
+    out_seen, ck_seen = torch.empty_like(out), torch.empty_like(st["checkpoint"])
+    args = (st["checkpoint"], st["x_ring"], st["B_ring"], st["dt_ring"], case["ring_start"], case["num_committed"],
+            x, case["dt"], case["A"], case["B"], case["C"], case["page_ids"], case["cu_seqlens"], case["W"])
+    with trk.override(shape="warp"):
+        x.copy_(x_src)
+        trk.replay_verify(*args, out, D=case["D"], dt_bias=case["dt_bias"], z=case["z"], pdl=pdl)  # compile
+        torch.cuda.synchronize()
+        fresh = {k: v.clone() for k, v in case["state"].items()}
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            x.copy_(x_src)
+            trk.replay_verify(*args, out, D=case["D"], dt_bias=case["dt_bias"], z=case["z"], pdl=pdl)
+            out_seen.copy_(out)
+            ck_seen.copy_(st["checkpoint"])
+    for _ in range(3):
+        for k in st:
+            st[k].copy_(fresh[k])
+        x.zero_()
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        compare_verify(case, (dict(st, checkpoint=ck_seen), out_seen), want, out_tol=1e-2, state_tol=1e-5)

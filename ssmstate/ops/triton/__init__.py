@@ -1,7 +1,8 @@
 """Triton kernels on the shared page layout, each with the signature of its twin in :mod:`ssmstate.ops.reference`.
 
 * :mod:`~ssmstate.ops.triton.verify`: verify, the host entry; its kernels in
-  :mod:`~ssmstate.ops.triton.verify_tma` and :mod:`~ssmstate.ops.triton.verify_ldg`;
+  :mod:`~ssmstate.ops.triton.verify_tma`, :mod:`~ssmstate.ops.triton.verify_ldg` and (Gluon, Hopper)
+  :mod:`~ssmstate.ops.triton.verify_warp`;
 * :mod:`~ssmstate.ops.triton.config`: the launch choice (named shapes, ``launch_table.json``, the override context);
 * :mod:`~ssmstate.ops.triton.commit`: commit and materialize; :mod:`~ssmstate.ops.triton.conv`: the conv update;
 * :mod:`~ssmstate.ops.triton.conv_verify`: a layer's conv update and verify fused in one launch;

@@ -191,10 +191,11 @@ def named_launch(shape: str, *, block_p: int, N: int, long_ring: bool, hpp: int 
 
 
 def heuristic_shape(rows: int, H: int, P: int, N: int, R: int, T: int, dev: DeviceClass, G: int,
-                    state_size: int, tma_ok: bool = True, fused: bool = False) -> str:
+                    state_size: int, tma_ok: bool = True, fused: bool = False, warp_ok: bool = False) -> str:
     """The shape :func:`choose_launch` takes without an override (the reasons are the table's ``why`` lines);
     ``tma_ok``: the checkpoint tensor can be read by TMA (contiguous, 16-byte aligned); ``fused``: for the fused
-    conv + verify layer, which takes the latency launch up to ``fused.max_programs_per_sm``."""
+    conv + verify layer, which takes the latency launch up to ``fused.max_programs_per_sm``; ``warp_ok``: the
+    per-warp kernel takes the call (:func:`ssmstate.ops.triton.verify_warp.warp_supported`)."""
     seq_ok = pow2(R - T) <= _limit("tma_max_seq_rows")
     block_tma = tma_block_p(P, N, dev) if tma_ok else 0
     if not block_tma or not (seq_ok or not dev.compiled):
@@ -207,6 +208,8 @@ def heuristic_shape(rows: int, H: int, P: int, N: int, R: int, T: int, dev: Devi
     sms = dev.sms
     if state_size == 1 and not long_ring:
         return quant_entry(rows, programs, sms, tma_heads(H, G))["shape"]
+    if warp_ok and not fused and dev.lean:
+        return "warp"
     pipelined = (tma_heads(H, G) == _limit("pipelined_heads")
                  and block_tma * N * state_size == _limit("pipelined_tile_bytes"))
     long_grid = programs // _limit("pipelined_heads") >= _limit("pipelined_group_programs_per_sm") * sms
@@ -240,15 +243,16 @@ def quant_entry(rows: int, programs: int, sms: int, heads: int) -> dict[str, Any
 
 
 def choose_launch(rows: int, H: int, P: int, N: int, R: int, T: int, device: torch.device, G: int = 1,
-                  state_size: int = 4, tma_ok: bool = True, fused: bool = False) -> Launch:
+                  state_size: int = 4, tma_ok: bool = True, fused: bool = False, warp_ok: bool = False) -> Launch:
     """The verify launch for ``rows`` rows of this geometry on ``device`` (``state_size``: bytes per checkpoint
-    element; ``tma_ok``, ``fused``: as in :func:`heuristic_shape`), with any :func:`override` applied."""
+    element; ``tma_ok``, ``fused``, ``warp_ok``: as in :func:`heuristic_shape`), with any :func:`override`
+    applied."""
     dev = device_class(device)
     ov = _OVERRIDE.get()
     fields = dict(ov.launch) if ov is not None else {}
     shape = fields.pop("shape", None)
     if shape is None:
-        shape = heuristic_shape(rows, H, P, N, R, T, dev, G, state_size, tma_ok, fused)
+        shape = heuristic_shape(rows, H, P, N, R, T, dev, G, state_size, tma_ok, fused, warp_ok)
         block = tma_block_p(P, N, dev)
         if state_size == 1 and dev.compiled and block and table()["shapes"][shape]["kernel"] == "tma" \
                 and pow2(R) <= _limit("tma_max_seq_rows"):  # an 8-bit launch's own fields, under the override's

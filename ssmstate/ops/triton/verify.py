@@ -2,9 +2,9 @@
 
 Three kernels over the same math (:mod:`~ssmstate.ops.triton.verify_tma`, the default where the geometry allows,
 the portable :mod:`~ssmstate.ops.triton.verify_ldg`, and the per-warp Gluon kernel
-:mod:`~ssmstate.ops.triton.verify_warp`, taken only by ``override(shape="warp")`` until it is timed);
+:mod:`~ssmstate.ops.triton.verify_warp`, the H100's for fp32 checkpoints);
 :mod:`~ssmstate.ops.triton.config` chooses the launch.
-Both read the checkpoint tile once and never form an intermediate state; the flush decision ``c + q > W`` is taken
+Each reads the checkpoint tile once and never forms an intermediate state; the flush decision ``c + q > W`` is taken
 per row on the device, so one call serves a mixed batch and nothing syncs. Padding rows (page 0) exit at once and
 write nothing. Tensors are read and written contiguously along P and N (stride 1 there, as every cache tensor and
 the manager's inputs are).
@@ -134,8 +134,12 @@ def verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring:
     checkpoint, checkpoint_scale = kernel_checkpoint(checkpoint, checkpoint_scale)
     check_sr_seed(checkpoint, sr_seed, layer)
     dev = device_class(x.device)
+    # a programmatic dependent keeps the TMA launches, which choose by grid size what goes out before the wait (the
+    # per-warp kernel always copies its tile first: measured slower beyond 2 programs per SM in the TMA kernel)
     launch = choose_launch(rows, H, P, N, R, T, x.device, G, state_size=checkpoint.element_size(),
-                           tma_ok=tma_supported(checkpoint, tma_block_p(P, N, dev), dev))
+                           tma_ok=tma_supported(checkpoint, tma_block_p(P, N, dev), dev),
+                           warp_ok=dev.compiled and sr_seed is None and not pdl
+                           and verify_warp.warp_supported(checkpoint, x, B, C, R, T))
     if launch.kernel == "tma" and not tma_supported(checkpoint, launch.block_p, dev):
         raise ConfigError(f"the TMA verify kernel needs a contiguous checkpoint, P divisible by BLOCK_P="
                           f"{launch.block_p} and N a power of two in [16, 256]; got {tuple(checkpoint.shape)}")

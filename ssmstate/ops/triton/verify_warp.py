@@ -18,8 +18,9 @@ TMA as ``P x 32`` column chunks (:data:`CHUNK_N`) in shared memory, and every pr
 Same math and rounding as the TMA kernel (:mod:`~ssmstate.ops.triton.verify_tma`): tf32 readout and sequence
 products, an exact 16-bit Gram, a 2 x tf32 fold (the x side split, B exact in tf32). GPU only (Gluon kernels do
 not run in the interpreter), for fp32 checkpoints with P = 64, 16-bit x, B and C, a ring of at most 32 rows and no
-fused conv (:func:`warp_supported`). ``override(shape="warp")`` selects it; no batch of the launch table takes it
-yet.
+fused conv (:func:`warp_supported`). The launch choice takes it on a card under ``lean_gbps_per_sm`` (the H100) for
+every such call but a programmatic dependent's (``launch_table.json``, shape ``warp``); ``override(shape="warp")``
+anywhere.
 """
 
 from __future__ import annotations
@@ -49,10 +50,12 @@ CHUNK_N = 32
 
 def warp_supported(checkpoint: torch.Tensor, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor, R: int,
                    T: int) -> bool:
-    """The per-warp kernel takes this geometry: a contiguous fp32 checkpoint (pages, H, 64, N) with N a multiple
-    of 32 up to 256, 16-bit x, B and C with B and C of one dtype, a ring of at most 32 rows, windows of at most
-    8 tokens."""
+    """The per-warp kernel takes this call: a Hopper or later GPU (CPU tensors: an offline build's capture), a
+    contiguous fp32 checkpoint (pages, H, 64, N) with N a multiple of 32 up to 256, 16-bit x, B and C with B and C
+    of one dtype, a ring of at most 32 rows, windows of at most 8 tokens."""
     _, _, P, N = checkpoint.shape
+    if checkpoint.is_cuda and torch.cuda.get_device_capability(checkpoint.device)[0] < 9:
+        return False  # TMA copies and mbarriers: Hopper and later
     return (HAVE_GLUON and checkpoint.dtype == torch.float32 and P == WARP_ROWS * NUM_WARPS
             and N % CHUNK_N == 0 and N <= 256 and checkpoint.is_contiguous() and checkpoint.data_ptr() % 16 == 0
             and x.dtype in (torch.bfloat16, torch.float16) and B.dtype == C.dtype
