@@ -3,8 +3,8 @@
 The TMA kernel's products are warpgroup products (``tl.dot`` with 4 warps on Hopper): their operands pass through
 shared memory in the product's layout and a flush row's fold re-reads its checkpoint from L2 chunk by chunk, since
 Triton exposes no column slice of the copied tile. Here the layouts are explicit: the checkpoint tile arrives by
-TMA as ``P x 32`` column chunks (:data:`CHUNK_N`) in shared memory, and every product is an ``mma.sync`` of one warp's own 16 rows
-(:func:`triton.experimental.gluon.language.nvidia.ampere.mma_v2`), so
+TMA as ``P x 32`` column chunks (:data:`CHUNK_N`) in shared memory, and every product is an ``mma.sync`` of one
+warp's own 16 rows (:func:`triton.experimental.gluon.language.nvidia.ampere.mma_v2`), so
 
 * the readout ``S0 Cᵀ`` reads each warp's rows straight from the copied chunks;
 * a flush row's fold ``e^{AΛ_h} S0 + (X_h w)ᵀ B_h`` takes each chunk of ``S0`` from shared memory as its
