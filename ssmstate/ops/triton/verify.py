@@ -301,7 +301,7 @@ def _warp_launch(s: Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:
             s.num_committed, rc, s.x, s.dt, s.A, s.B, s.C, s.D, s.dt_bias, s.z, s.out, s.page_ids, s.cu_seqlens,
             s.window, R, H, *st, *rc_strides)
     kwargs = dict(P=P, N=N, HPG=H // G, BLOCK_K=32, FOLD_K=pow2(s.window),
-                  BLOCK_S=8, DT_SOFTPLUS=s.dt_softplus, GDC=s.gdc,
+                  BLOCK_S=8, NC=verify_warp.CHUNK_N, DT_SOFTPLUS=s.dt_softplus, GDC=s.gdc,
                   num_warps=verify_warp.NUM_WARPS, **_cap(launch, dev), **_pdl_flag(s.gdc))
     return KernelLaunch(verify_warp.verify_warp_kernel, (H, rows), args, kwargs)
 

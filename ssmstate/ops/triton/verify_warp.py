@@ -93,15 +93,18 @@ if HAVE_GLUON:
                                   is_pure=False, pack=1)
 
     @gluon.jit
+    def _wrap(i, R):
+        """``i % R`` for ``0 <= i < 3R`` (ring rows), as :func:`ssmstate.ops.triton.common.wrap`."""
+        i = gl.where(i >= R, i - R, i)
+        return gl.where(i >= R, i - R, i)
+
+    @gluon.jit
     def _seq(kk, c, q, rs, lo, R):
         """Sequence position ``kk``'s masks, ring row and token (history rows, then the window)."""
         is_hist = kk < c
         is_new = (kk >= c) & (kk < c + q)
-        i = rs + kk
-        i = gl.where(i >= R, i - R, i)
-        ring = gl.where(i >= R, i - R, i)
         tok = lo + gl.maximum(kk - c, 0)
-        return is_hist, is_new, kk < c + q, ring, tok
+        return is_hist, is_new, kk < c + q, _wrap(rs + kk, R), tok
 
     @gluon.jit
     def _row(desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
@@ -109,10 +112,10 @@ if HAVE_GLUON:
              s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg, s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
              s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t, s_z_h, s_o_t, s_o_h,
              ck_row0, FLUSH: gl.constexpr, P: gl.constexpr, N: gl.constexpr, HPG: gl.constexpr,
-             BLOCK_K: gl.constexpr, FOLD_K: gl.constexpr, BLOCK_S: gl.constexpr, DT_SOFTPLUS: gl.constexpr,
-             GDC: gl.constexpr):
+             BLOCK_K: gl.constexpr, FOLD_K: gl.constexpr, BLOCK_S: gl.constexpr, NC: gl.constexpr,
+             DT_SOFTPLUS: gl.constexpr, GDC: gl.constexpr):
         """One (row, head) once its cursors are known; ``FLUSH``: the row's route (each route its own build)."""
-        NCH: gl.constexpr = N // 32
+        NCH: gl.constexpr = N // NC
         # a non-flush row's sequence is at most W rows (c + q <= W): its build takes FOLD_K = pow2(W) of them
         BK: gl.constexpr = BLOCK_K if FLUSH else FOLD_K
         HAS_D: gl.constexpr = D_ptr is not None
@@ -129,12 +132,12 @@ if HAVE_GLUON:
         # Λ: scans in a plain 1-D layout (a slice of the product's layout takes none)
         SCAN: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         # the checkpoint tile: NCH column chunks, one TMA copy each, one barrier for all
-        tile = gl.allocate_shared_memory(gl.float32, [NCH, P, 32], desc.layout)
+        tile = gl.allocate_shared_memory(gl.float32, [NCH, P, NC], desc.layout)
         bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(bar, count=1)
-        mbarrier.expect(bar, NCH * P * 32 * 4)
+        mbarrier.expect(bar, NCH * P * NC * 4)
         for j in gl.static_range(NCH):
-            _tma_load(desc, [ck_row0, j * 32], bar, tile.index(j))
+            _tma_load(desc, [ck_row0, j * NC], bar, tile.index(j))
         if GDC:  # a programmatic dependent: the step's inputs only once the kernel before has ended
             _pdl_wait()
         g = h // HPG
@@ -159,9 +162,7 @@ if HAVE_GLUON:
         Xs = gl.load(x_rows[:, None] + pN[None, :], mask=sqR[:, None], other=0.0)
         if FLUSH:  # the history's dt (at most W <= FOLD_K rows): the fold's weights
             kS = gl.arange(0, FOLD_K, SCAN)
-            iS = rs + kS
-            iS = gl.where(iS >= R, iS - R, iS)
-            dtH = gl.load(dtr_h + gl.where(iS >= R, iS - R, iS) * s_dtr_r, mask=kS < c, other=0.0)
+            dtH = gl.load(dtr_h + _wrap(rs + kS, R) * s_dtr_r, mask=kS < c, other=0.0)
         # the sequence's dt, A, D
         kk = gl.arange(0, BK, gl.SliceLayout(1, MMG))
         is_hist, is_new, is_seq, ring, tok = _seq(kk, c, q, rs, lo, R)
@@ -209,7 +210,7 @@ if HAVE_GLUON:
         mbarrier.wait(bar, 0)
         Y = gl.zeros([P, BLOCK_S], gl.float32, MMA)
         for j in gl.static_range(NCH):
-            Cj = cs.slice(j * 32, 32, dim=1).permute([1, 0]).load(DB).to(gl.float32)
+            Cj = cs.slice(j * NC, NC, dim=1).permute([1, 0]).load(DB).to(gl.float32)
             Y = mma_v2(tile.index(j).load(DA), Cj, Y, input_precision="tf32")
         Y = Y * dec_w[None, :]
         Y = mma_v2(XT, Fb, Y, input_precision="tf32")
@@ -228,13 +229,13 @@ if HAVE_GLUON:
             carry = _decay(A, tot)
             # B's history rows from shared memory (rows past the history meet zero weights)
             ck_h = ck_ptr + page * s_ck_pg + h * s_ck_h
-            nM = gl.arange(0, 32, gl.SliceLayout(0, MMA))
+            nM = gl.arange(0, NC, gl.SliceLayout(0, MMA))
             for j in gl.static_range(NCH):
-                Bj = bh.slice(0, FOLD_K, dim=0).slice(j * 32, 32, dim=1).load(DB).to(gl.float32)
+                Bj = bh.slice(0, FOLD_K, dim=0).slice(j * NC, NC, dim=1).load(DB).to(gl.float32)
                 S = tile.index(j).load(MMA) * carry
                 S = mma_v2(hi, Bj, S, input_precision="tf32")
                 S = mma_v2(lo_, Bj, S, input_precision="tf32")
-                gl.store(ck_h + pM[:, None] * N + (j * 32 + nM)[None, :], S)
+                gl.store(ck_h + pM[:, None] * N + (j * NC + nM)[None, :], S)
         mbarrier.invalidate(bar)
 
     @gluon.jit
@@ -245,11 +246,11 @@ if HAVE_GLUON:
         s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg, s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
         s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t, s_C_g, s_z_t, s_z_h, s_o_t, s_o_h, s_rc_k, s_rc_r,
         P: gl.constexpr, N: gl.constexpr, HPG: gl.constexpr, BLOCK_K: gl.constexpr, FOLD_K: gl.constexpr,
-        BLOCK_S: gl.constexpr, DT_SOFTPLUS: gl.constexpr, GDC: gl.constexpr,
+        BLOCK_S: gl.constexpr, NC: gl.constexpr, DT_SOFTPLUS: gl.constexpr, GDC: gl.constexpr,
     ):
         """The per-warp verify kernel: program (head, row). Arguments as the TMA kernel's
         (:func:`ssmstate.ops.triton.verify.replay_verify` documents the tensors); ``desc``: :func:`warp_descriptor`
-        of the checkpoint. ``rc_ptr``: the step's row cursors, or None (then each page's). ``GDC`` (``pdl=True``):
+        of the checkpoint, copied as ``NC``-column chunks (:data:`CHUNK_N`). ``rc_ptr``: the step's row cursors, or None (then each page's). ``GDC`` (``pdl=True``):
         each program issues its tile's copy, then waits for the kernel before and lets the next one launch."""
         h = gl.program_id(0)
         row = gl.program_id(1)
@@ -271,13 +272,13 @@ if HAVE_GLUON:
                 _row(desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr,
                      z_ptr, out_ptr, page, h, q, lo, c, rs, R, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
                      s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t,
-                     s_C_g, s_z_t, s_z_h, s_o_t, s_o_h, ck_row0, True, P, N, HPG, BLOCK_K, FOLD_K, BLOCK_S,
+                     s_C_g, s_z_t, s_z_h, s_o_t, s_o_h, ck_row0, True, P, N, HPG, BLOCK_K, FOLD_K, BLOCK_S, NC,
                      DT_SOFTPLUS, GDC)
             else:
                 _row(desc, ck_ptr, xr_ptr, Br_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr,
                      z_ptr, out_ptr, page, h, q, lo, c, rs, R, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_pg,
                      s_Br_g, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r, s_x_t, s_x_h, s_dt_t, s_dt_h, s_B_t, s_B_g, s_C_t,
-                     s_C_g, s_z_t, s_z_h, s_o_t, s_o_h, ck_row0, False, P, N, HPG, BLOCK_K, FOLD_K, BLOCK_S,
+                     s_C_g, s_z_t, s_z_h, s_o_t, s_o_h, ck_row0, False, P, N, HPG, BLOCK_K, FOLD_K, BLOCK_S, NC,
                      DT_SOFTPLUS, GDC)
         if GDC:  # programs that met no row of theirs end after the kernel before too (at once for the others)
             _pdl_wait()
