@@ -9,7 +9,7 @@ import torch
 
 from ssmstate.errors import ConfigError
 from ssmstate.ops import reference as ref
-from tests.test_triton_common import compare_verify, make_case, run_verify
+from tests.test_triton_common import POISON, compare_verify, make_case, run_verify
 
 if torch.cuda.is_available():  # Triton only where it runs compiled (the CPU tests import it interpreted)
     from ssmstate.ops import triton as trk
@@ -85,7 +85,7 @@ def test_warp_in_a_cuda_graph_after_a_kernel(pdl):
     st = {k: v.clone() for k, v in case["state"].items()}
     x_src = case["x"].clone()
     x = torch.zeros_like(x_src)
-    out = torch.empty_like(x)
+    out = torch.full_like(x, POISON)  # padding rows' tokens: never written
     out_seen, ck_seen = torch.empty_like(out), torch.empty_like(st["checkpoint"])
     args = (st["checkpoint"], st["x_ring"], st["B_ring"], st["dt_ring"], case["ring_start"], case["num_committed"],
             x, case["dt"], case["A"], case["B"], case["C"], case["page_ids"], case["cu_seqlens"], case["W"])
@@ -104,7 +104,7 @@ def test_warp_in_a_cuda_graph_after_a_kernel(pdl):
         for k in st:
             st[k].copy_(fresh[k])
         x.zero_()
-        out.zero_()
+        out.fill_(POISON)
         graph.replay()
         torch.cuda.synchronize()
         compare_verify(case, (dict(st, checkpoint=ck_seen), out_seen), want, out_tol=1e-2, state_tol=1e-5)
