@@ -311,3 +311,37 @@ def test_the_per_warp_kernel_takes_fp32_verifies_on_lean_cards():
         assert choose(rows, dev=H100) == choose(rows, dev=H100, warp_ok=False)
     assert choose(8, dev=H100, warp_ok=True, fused=True).kernel == "tma"
     assert choose(8, dev=H100, warp_ok=True, state_size=1).kernel == "tma"
+
+
+def _fused_launches(act: torch.dtype = torch.bfloat16, T: int = 4, W: int = 16, **override):
+    """The fused layer's launches for a 3-row step of Nemotron-H-8B's geometry on CPU tensors, built for the H100
+    under ``override`` (nothing runs)."""
+    H, P, N, G, k, rows = 128, 64, 128, 8, 4, 3
+    pages, R, L, Dc = rows + 1, W + T, rows * T, H * P + 2 * G * N
+    e, i32 = torch.empty, torch.int32
+    conv = torch.zeros(pages, k - 1 + T, Dc, dtype=act).transpose(1, 2)
+    with ot.override(device=H100, **override):
+        launches = ot.conv_verify.conv_verify_launches(
+            torch.zeros(pages, H, P, N), torch.zeros(pages, H, R, P, dtype=act), torch.zeros(pages, G, R, N, dtype=act),
+            torch.zeros(pages, H, R), torch.zeros(pages, dtype=i32), torch.zeros(pages, dtype=i32), conv,
+            torch.zeros(pages, dtype=i32), e(L, Dc, dtype=act), e(L, H, dtype=act), e(H), e(Dc, k), e(Dc),
+            torch.arange(1, rows + 1, dtype=i32), torch.arange(0, L + 1, T, dtype=i32), W, e(L, H, P, dtype=act),
+            D=e(H), dt_bias=e(H), counters=torch.zeros(pages, G, dtype=i32), pdl=True,
+            row_shift=torch.zeros(rows, dtype=i32), row_cursors=torch.zeros(2, rows, dtype=i32))
+    return launches
+
+
+def test_the_fused_layer_runs_the_per_warp_kernel_under_its_override():
+    """``override(shape="warp")`` puts the fused layer on the per-warp kernel with the conv in it (the layer's
+    conv arguments, the window's sequence columns, the fixed window slot after FOLD_K history rows); the launch
+    table keeps the TMA kernel there; a call the kernel cannot take raises while its launch is built."""
+    (launch,) = _fused_launches(shape="warp")
+    assert launch.kernel.fn.__name__ == "verify_warp_kernel" and launch.grid == (128, 3)
+    kw = launch.kwargs
+    assert (kw["KW"], kw["BLOCK_L"], kw["FOLD_K"], kw["BLOCK_S"], kw["GDC"]) == (3, 8, 16, 8, True)
+    assert kw["launch_pdl"] is True
+    assert launch.args[-18].dim() == 2 and launch.args[-18].shape[1] == 128 * 64 + 2 * 8 * 128  # xBC
+    assert {k.kernel.fn.__name__ for k in _fused_launches()} == {"verify_tma_kernel"}
+    assert _fused_launches(T=8, W=24, shape="warp")[0].kwargs["BLOCK_L"] == 16
+    with pytest.raises(ConfigError, match="per-warp"):  # 32-bit x, B and C: while the launch is built
+        _fused_launches(act=torch.float32, shape="warp")

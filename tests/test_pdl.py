@@ -97,6 +97,21 @@ def test_per_warp_kernel_builds_without_spills_and_waits_before_the_step_inputs(
 
 
 @pytest.mark.skipif(not _HAVE_TOOLS, reason="Triton's ptxas / cuobjdump not installed")
+@pytest.mark.parametrize("T,W", [(4, 16), (8, 24)])
+def test_per_warp_fused_layer_builds_without_spills_and_waits_before_the_step_inputs(T, W):
+    """The fused layer on the per-warp kernel (``shape="warp"``, always a programmatic dependent): its sm_90a build
+    holds no spill, and before its wait only the page id, the two cu_seqlens, the two row cursors, the row's conv
+    shift and the tile's four column-chunk copies go out (the conv's reads of xBC and the window come after)."""
+    (row,) = _builds("--fused", "--batch", "4", "--T", str(T), "--W", str(W), "--pdl", "--config",
+                     '{"shape": "warp"}')
+    assert row["kernel"] == "verify_warp_kernel"
+    assert row["local"] == row["stack"] == 0
+    assert row["waits"] >= 1 and 0 <= row["wait_at"] < row["trigger_at"]
+    assert row["tma_before_wait"] == 4 and row["ldg_before_wait"] == 6
+    assert row["HMMA"] > 0 and row["HGMMA"] == 0
+
+
+@pytest.mark.skipif(not _HAVE_TOOLS, reason="Triton's ptxas / cuobjdump not installed")
 def test_kernel_resources_lists_shared_buffers():
     """``--allocs``: the one-head launch's shared-memory buffers, read off its TTGIR. The checkpoint tile (64 x 128
     fp32, 32 KB) is one of them, and the build's shared memory holds at least the largest."""

@@ -1,8 +1,9 @@
 """The fused conv + verify compiled on the GPU at Nemotron-H-8B geometry (H=128, P=64, N=128, G=8, conv kernel 4),
 against the reference (conv update then verify): batch 1..256, flush, non-flush and mixed rows, the TMA verify
-kernel with its conv in every launch shape (and under PDL), the portable fused kernel in every P tile the launch
-table may choose; repeated launches on the same inputs (the counters' last-arrival protocol under real
-concurrency); a manager schedule and a CUDA-graph step with ``conv_verify``. Skipped without CUDA.
+kernel with its conv in every launch shape (and under PDL), the per-warp kernel with its conv (both Nemotron
+geometries), the portable fused kernel in every P tile the launch table may choose; repeated launches on the same
+inputs (the counters' last-arrival protocol under real concurrency); a manager schedule and a CUDA-graph step with
+``conv_verify``. Skipped without CUDA.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def fused_at_every_batch():
     with trk.override(fused={"MAX_ROWS": 1 << 20, "TMA": 1}):
         yield
 NEMO = dict(H=128, G=8, P=64, N=128)
+NANO = dict(H=64, G=8, P=64, N=128)
 
 
 @pytest.mark.parametrize("rows", [1, 8, 33, 256])
@@ -72,6 +74,39 @@ def test_conv_verify_tma_shapes(shape, rows, pdl):
     compare_conv_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
 
 
+@pytest.mark.parametrize("geom", ["nemo", "nano"])
+@pytest.mark.parametrize("T,W,route,rows,n_pad,pdl", [
+    (4, 16, "mixed", 12, 2, True), (4, 16, "mixed", 12, 2, False), (4, 16, "flush", 5, 1, True),
+    (4, 16, "nonflush", 5, 1, True), (1, 16, "mixed", 6, 1, True), (8, 16, "mixed", 9, 1, True),
+    (8, 24, "mixed", 9, 1, True), (3, 5, "mixed", 7, 1, True), (4, 16, "mixed", 64, 0, True),
+])
+def test_conv_verify_per_warp(T, W, route, rows, n_pad, pdl, geom):
+    """The fused layer on the per-warp kernel (``override(shape="warp")``): both routes, T 1-8, W 5-24, both
+    Nemotron geometries, a row of 0 tokens, padding rows, the step's gathered conv shifts (with PDL, as the
+    backend launches the fused layer) or each page's (without)."""
+    gen = torch.Generator().manual_seed(rows * 13 + T * 5 + W + len(route) + len(geom))
+    case = make_conv_case(gen, DEV, W=W, T=T, rows=rows, n_pad=n_pad, route=route, act_dtype=torch.bfloat16,
+                          empty_row=rows > 4, **(NEMO if geom == "nemo" else NANO))
+    row_shift = case["conv_shift"][case["page_ids"].long()].clone()
+    with trk.override(shape="warp"):
+        assert set(_kernels(case)) == {"verify_warp_kernel"}
+        got = run_conv_verify(trk.replay_conv_verify, case, pdl=pdl, row_shift=row_shift if pdl else None)
+    want = run_conv_verify(ref.replay_conv_verify, case)
+    compare_conv_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
+
+
+def test_conv_verify_per_warp_n256_without_bias_or_activation():
+    """The per-warp fused layer at N = 256 (a group's B and C are 512 channels), no conv bias, no activation, no
+    D, dt_bias or z."""
+    gen = torch.Generator().manual_seed(21)
+    case = make_conv_case(gen, DEV, W=16, T=4, rows=6, n_pad=1, route="mixed", act_dtype=torch.bfloat16,
+                          bias=False, activation=None, extras=False, H=32, G=2, P=64, N=256)
+    with trk.override(shape="warp"):
+        got = run_conv_verify(trk.replay_conv_verify, case)
+    want = run_conv_verify(ref.replay_conv_verify, case)
+    compare_conv_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
+
+
 @pytest.mark.parametrize("cfg,T,W", [
     (dict(TMA=1), 2, 8), (dict(TMA=1), 8, 32), (dict(TMA=0), 4, 16), (dict(TMA=0, BLOCK_P=16), 4, 16),
     (dict(TMA=0, BLOCK_P=32, num_warps=4, maxnreg=0), 4, 16), (dict(TMA=0, FOLD_N=128, maxnreg=0), 4, 16),
@@ -96,7 +131,8 @@ def test_conv_verify_half_states(state_dtype):
 
 
 @pytest.mark.parametrize("cfg", [{"fused": {"TMA": 1}}, {"shape": "split", "fused": {"TMA": 1}},
-                                 {"shape": "latency", "fused": {"TMA": 1}}, {"fused": {"TMA": 0}}])
+                                 {"shape": "latency", "fused": {"TMA": 1}}, {"fused": {"TMA": 0}},
+                                 {"shape": "warp"}])
 def test_conv_verify_repeated_launches_agree(cfg):
     """The same launch 50 times on copies of one case: every result bit-identical (the B/C window is written by the
     group's last program to arrive, whichever it is) and equal to the reference's window."""
@@ -150,8 +186,15 @@ def _compare(g, ms, ids, tol=2e-2):
             assert torch.equal(mt.read_conv(rid, layer), mr.read_conv(rid, layer))
 
 
-def test_manager_schedule_conv_verify():
-    """Lockstep with ``conv_verify``: ragged steps, device counts, rollbacks, materialize."""
+@pytest.mark.parametrize("shape", [None, "warp"])
+def test_manager_schedule_conv_verify(shape):
+    """Lockstep with ``conv_verify``: ragged steps, device counts, rollbacks, materialize (``shape``: the verify
+    kernel's launch, "warp" the per-warp kernel)."""
+    with trk.override(**({"shape": shape} if shape else {})):
+        _manager_schedule()
+
+
+def _manager_schedule():
     W, T, rows = 16, 4, 6
     g, ms, params, ids = _setup(2, W, T, 8, rows, 1)
     rng = torch.Generator().manual_seed(9)
@@ -182,9 +225,15 @@ def test_manager_schedule_conv_verify():
     ms[0].raise_device_errors()
 
 
-@pytest.mark.parametrize("pdl", [False, True])
-def test_cuda_graph_conv_verify(pdl):
-    """A captured decode step of ``conv_verify`` per layer + commit, replayed over steps, against the reference."""
+@pytest.mark.parametrize("pdl,shape", [(False, None), (True, None), (True, "warp")])
+def test_cuda_graph_conv_verify(pdl, shape):
+    """A captured decode step of ``conv_verify`` per layer + commit, replayed over steps, against the reference
+    (``shape``: the verify kernel's launch while the graph is captured)."""
+    with trk.override(**({"shape": shape} if shape else {})):
+        _cuda_graph_steps(pdl)
+
+
+def _cuda_graph_steps(pdl):
     from ssmstate.cuda_graph import DecodeStepGraph
 
     W, T, rows, layers = 16, 4, 8, 3

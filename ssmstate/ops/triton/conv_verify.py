@@ -7,7 +7,9 @@ decided per row on the device) and ``y``. The conv output never goes to memory. 
 
 * where the TMA verify kernel takes the geometry, that kernel with the conv computed in it
   (:mod:`~ssmstate.ops.triton.verify_tma`, ``KW`` > 0): the verify's launch (its launch choice and overrides,
-  :func:`~ssmstate.ops.triton.config.choose_launch`), each program computing the conv outputs it reads;
+  :func:`~ssmstate.ops.triton.config.choose_launch`), each program computing the conv outputs it reads; where
+  that launch is the per-warp kernel's (``override(shape="warp")``), that kernel with the conv in it
+  (:mod:`~ssmstate.ops.triton.verify_warp`, ``KW`` > 0);
 * elsewhere (or with ``override(fused={"TMA": 0})``) the portable kernel
   (:mod:`~ssmstate.ops.triton.conv_verify_kernel`, :func:`~ssmstate.ops.triton.config.fused_launch`).
 """
@@ -25,7 +27,8 @@ from ssmstate.ops.triton.config import (
     DeviceClass, Launch, check_launch, choose_launch, device_class, fused_launch, fused_tma, tma_block_p,
 )
 from ssmstate.ops.triton.conv_verify_kernel import conv_verify_kernel
-from ssmstate.ops.triton.verify import ConvIn, Step, tma_launches, tma_supported
+from ssmstate.ops.triton import verify_warp
+from ssmstate.ops.triton.verify import ConvIn, Step, kernel_launches, tma_supported
 
 Tensor = torch.Tensor
 
@@ -122,33 +125,40 @@ def conv_verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_
     if row_shift is not None:
         check_tensor("row_shift", row_shift, (rows,), (torch.int32,), xBC.device)
     dev = device_class(xBC.device)
-    tma = _tma_launch(checkpoint, conv_window, xBC, rows, H, P, N, G, R, T, dev)
-    if tma is not None:
-        XB, GN = H * P, G * N
-        x = xBC[:, :XB].unflatten(1, (H, P))
-        B = xBC[:, XB:XB + GN].unflatten(1, (G, N))
-        C = xBC[:, XB + GN:].unflatten(1, (G, N))
+    XB, GN = H * P, G * N
+    x = xBC[:, :XB].unflatten(1, (H, P))
+    B = xBC[:, XB:XB + GN].unflatten(1, (G, N))
+    C = xBC[:, XB + GN:].unflatten(1, (G, N))
+    launch = _verify_kernel_launch(checkpoint, conv_window, xBC, x, B, C, rows, H, P, N, G, R, T, dev)
+    if launch is not None:
         conv = ConvIn(window=conv_window, shift=conv_shift, row_shift=row_shift, xBC=xBC, weight=weight, bias=bias,
                       counters=counters, silu=activation == "silu")
         step = Step(checkpoint, None, None, 0, x_ring, B_ring, dt_ring, ring_start, num_committed, x, dt, A, B, C,
                     D, dt_bias, z, out, page_ids, cu_seqlens, window, row_cursors, T, bool(dt_softplus),
                     pdl and dev.compiled, conv=conv)
-        return tma_launches(step, tma, dev)
+        return kernel_launches(step, launch, dev)
     return [_portable_launch(checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, conv_window, conv_shift,
                              xBC, dt, A, weight, bias, page_ids, cu_seqlens, window, out, D, dt_bias, z, activation,
                              dt_softplus, counters, pdl, dev)]
 
 
-def _tma_launch(checkpoint: Tensor, conv_window: Tensor, xBC: Tensor, rows: int, H: int, P: int, N: int, G: int,
-                R: int, T: int, dev: DeviceClass) -> Launch | None:
-    """The TMA kernel's launch for the fused layer, or None where it does not take it (the geometry, the conv
-    window's storage order or a dtype other than xBC's, or ``override(fused={"TMA": 0})``)."""
-    if not fused_tma() or conv_window.stride(1) != 1 or xBC.stride(1) != 1 or conv_window.dtype != xBC.dtype:
+def _verify_kernel_launch(checkpoint: Tensor, conv_window: Tensor, xBC: Tensor, x: Tensor, B: Tensor, C: Tensor,
+                          rows: int, H: int, P: int, N: int, G: int, R: int, T: int,
+                          dev: DeviceClass) -> Launch | None:
+    """The verify kernel's launch that computes the fused layer's conv in it (the TMA kernel's, or the per-warp
+    kernel's where the launch choice or an override takes it), or None where neither takes it (the geometry, the
+    conv window's storage order or a dtype other than xBC's, or ``override(fused={"TMA": 0})``): then the
+    portable fused kernel runs."""
+    if not fused_tma() or not verify_warp.warp_conv_supported(conv_window, xBC):
         return None
-    if not tma_supported(checkpoint, tma_block_p(P, N, dev), dev):
+    tma_ok = tma_supported(checkpoint, tma_block_p(P, N, dev), dev)
+    warp_ok = dev.compiled and verify_warp.warp_supported(checkpoint, x, B, C, R, T)
+    if not (tma_ok or warp_ok):  # whatever an override names: neither kernel reads this checkpoint
         return None
-    launch = choose_launch(rows, H, P, N, R, T, xBC.device, G, state_size=checkpoint.element_size(), tma_ok=True,
-                           fused=True)
+    launch = choose_launch(rows, H, P, N, R, T, xBC.device, G, state_size=checkpoint.element_size(), tma_ok=tma_ok,
+                           fused=True, warp_ok=warp_ok)
+    if launch.kernel == "warp":  # its launch builder raises where it cannot take the call (an override)
+        return launch
     if launch.kernel != "tma" or not tma_supported(checkpoint, launch.block_p, dev):
         return None
     check_launch(launch, H=H, G=G, N=N, R=R, rows=rows, dev=dev)

@@ -147,11 +147,18 @@ def verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring:
     step = Step(checkpoint, checkpoint_scale, sr_seed, int(layer), x_ring, B_ring, dt_ring, ring_start,
                 num_committed, x, dt, A, B, C, D, dt_bias, z, out, page_ids, cu_seqlens, window, row_cursors, T,
                 bool(dt_softplus), pdl and dev.compiled)
+    if launch.kernel == "ldg":
+        return [_ldg_launch(step, launch, dev)]
+    return kernel_launches(step, launch, dev)
+
+
+def kernel_launches(step: "Step", launch: Launch, dev: DeviceClass) -> list[KernelLaunch]:
+    """The TMA or per-warp kernel's launches of ``step`` (the verify's, or with ``step.conv`` the fused layer's)."""
     if launch.kernel == "tma":
         return tma_launches(step, launch, dev)
     if launch.kernel == "warp":
         return [_warp_launch(step, launch, dev)]
-    return [_ldg_launch(step, launch, dev)]
+    raise ConfigError(f"the fused layer runs the TMA or the per-warp kernel, not {launch.kernel!r}")
 
 
 def _check_inputs(x: Tensor, x_ring: Tensor, B: Tensor, B_ring: Tensor, T: int, pdl: object,
@@ -176,7 +183,8 @@ def tma_supported(checkpoint: Tensor, block_p: int, dev: DeviceClass) -> bool:
 @attrs.frozen
 class ConvIn:
     """The fused layer's conv operands (:mod:`~ssmstate.ops.triton.conv_verify`): the verify's ``x``, ``B`` and
-    ``C`` are then views of ``xBC``'s channels, and the TMA kernel computes their conv outputs itself."""
+    ``C`` are then views of ``xBC``'s channels, and the TMA or per-warp kernel computes their conv outputs
+    itself."""
 
     window: Tensor  # (pages, conv_dim, width) conv dtype, channels contiguous (stride 1), cache-owned, updated
     shift: Tensor  # (pages,) int32 conv_shift, cache-owned, read
@@ -230,7 +238,7 @@ class Step:
     T: int
     dt_softplus: bool
     gdc: bool  # pdl=True on the GPU: the launch waits for the kernel before
-    conv: ConvIn | None = None  # the fused layer's conv (the TMA kernel only)
+    conv: ConvIn | None = None  # the fused layer's conv (the TMA and per-warp kernels)
 
     def strides(self) -> tuple[int, ...]:
         """The strides but the last of every tensor, in the kernels' order."""
@@ -284,7 +292,8 @@ def tma_launches(s: Step, launch: Launch, dev: DeviceClass) -> list[KernelLaunch
 
 
 def _warp_launch(s: Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:
-    """The per-warp kernel's launch (:mod:`~ssmstate.ops.triton.verify_warp`): program (head, row)."""
+    """The per-warp kernel's launch (:mod:`~ssmstate.ops.triton.verify_warp`): program (head, row); with
+    ``s.conv`` the fused layer's."""
     pages, H, P, N = s.checkpoint.shape
     R, G, rows = s.x_ring.shape[2], s.B_ring.shape[1], s.page_ids.shape[0]
     if not dev.compiled or not verify_warp.warp_supported(s.checkpoint, s.x, s.B, s.C, R, s.T):
@@ -292,16 +301,23 @@ def _warp_launch(s: Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:
                           f"64, N) with N a multiple of 32 up to 256, 16-bit x, B and C, a ring of at most 32 rows "
                           f"and windows of at most 8 tokens; got {tuple(s.checkpoint.shape)} "
                           f"{s.checkpoint.dtype}, x {s.x.dtype}, B/C {s.B.dtype}/{s.C.dtype}, R={R}, T={s.T}")
-    if s.sr_seed is not None or s.conv is not None:
-        raise ConfigError("the per-warp verify kernel takes no stochastic rounding or fused conv")
+    if s.sr_seed is not None:
+        raise ConfigError("the per-warp verify kernel takes no stochastic rounding")
+    cv = s.conv
+    if cv is not None and not verify_warp.warp_conv_supported(cv.window, cv.xBC):
+        raise ConfigError(f"the per-warp fused layer needs a channels-contiguous conv window of xBC's dtype and "
+                          f"channels-contiguous xBC; got window {cv.window.dtype} strides {cv.window.stride()}, "
+                          f"xBC {cv.xBC.dtype} strides {cv.xBC.stride()}")
     rc = s.row_cursors
     rc_strides = rc.stride() if rc is not None else (0, 0)
     st = s.strides()
     args = (verify_warp.warp_descriptor(s.checkpoint), s.checkpoint, s.x_ring, s.B_ring, s.dt_ring, s.ring_start,
             s.num_committed, rc, s.x, s.dt, s.A, s.B, s.C, s.D, s.dt_bias, s.z, s.out, s.page_ids, s.cu_seqlens,
-            s.window, R, H, *st, *rc_strides)
-    kwargs = dict(P=P, N=N, HPG=H // G, BLOCK_K=32, FOLD_K=pow2(s.window),
-                  BLOCK_S=8, NC=verify_warp.CHUNK_N, DT_SOFTPLUS=s.dt_softplus, GDC=s.gdc,
+            s.window, R, H, *st, *rc_strides, *(cv.args(H, P, N, G) if cv is not None else NO_CONV))
+    kw = cv.weight.shape[1] - 1 if cv is not None else 0
+    kwargs = dict(P=P, N=N, HPG=H // G, BLOCK_K=32, FOLD_K=pow2(s.window), BLOCK_S=verify_warp.BLOCK_S,
+                  NC=verify_warp.CHUNK_N,
+                  DT_SOFTPLUS=s.dt_softplus, GDC=s.gdc, KW=kw, BLOCK_L=pow2(kw + s.T, 1) if kw else 1,
                   num_warps=verify_warp.NUM_WARPS, **_cap(launch, dev), **_pdl_flag(s.gdc))
     return KernelLaunch(verify_warp.verify_warp_kernel, (H, rows), args, kwargs)
 
