@@ -300,8 +300,7 @@ def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbp
                 "one_flush": [c_nf] * (b - 1) + [c_fl]}
         cfg_used = None
         set_c(scen["nonflush"])
-        warp_ok = trk.verify_warp.warp_supported(pool.ck, x, B, C, R, T) and DEV == "cuda"  # as replay_verify
-        row["heuristic"] = attrs.asdict(trk.choose_launch(b, H, P, N, R, T, torch.device(DEV), G, warp_ok=warp_ok))
+        row["heuristic"] = attrs.asdict(trk.verify.verify_launch(pool.ck, x, B, C, R, G, T, b))
         row["ours_default_nonflush_us"] = time_calls([ours(j) for j in range(nsets)], args.reps)
         if args.sweep:
             # every candidate on both routes; ours_* below use the fastest non-flush candidate

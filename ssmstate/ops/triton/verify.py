@@ -134,12 +134,7 @@ def verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring:
     checkpoint, checkpoint_scale = kernel_checkpoint(checkpoint, checkpoint_scale)
     check_sr_seed(checkpoint, sr_seed, layer)
     dev = device_class(x.device)
-    # a programmatic dependent keeps the TMA launches, which choose by grid size what goes out before the wait (the
-    # per-warp kernel always copies its tile first: measured slower beyond 2 programs per SM in the TMA kernel)
-    launch = choose_launch(rows, H, P, N, R, T, x.device, G, state_size=checkpoint.element_size(),
-                           tma_ok=tma_supported(checkpoint, tma_block_p(P, N, dev), dev),
-                           warp_ok=dev.compiled and sr_seed is None and not pdl
-                           and verify_warp.warp_supported(checkpoint, x, B, C, R, T))
+    launch = verify_launch(checkpoint, x, B, C, R, G, T, rows, pdl=pdl, sr_seed=sr_seed)
     if launch.kernel == "tma" and not tma_supported(checkpoint, launch.block_p, dev):
         raise ConfigError(f"the TMA verify kernel needs a contiguous checkpoint, P divisible by BLOCK_P="
                           f"{launch.block_p} and N a power of two in [16, 256]; got {tuple(checkpoint.shape)}")
@@ -150,6 +145,20 @@ def verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring:
     if launch.kernel == "ldg":
         return [_ldg_launch(step, launch, dev)]
     return kernel_launches(step, launch, dev)
+
+
+def verify_launch(checkpoint: Tensor, x: Tensor, B: Tensor, C: Tensor, R: int, G: int, T: int, rows: int,
+                  pdl: bool = False, sr_seed: Tensor | None = None) -> Launch:
+    """The launch :func:`replay_verify` takes for a call on these tensors (``checkpoint``: an 8-bit one as its
+    codes), with any :func:`~ssmstate.ops.triton.config.override` applied."""
+    _, H, P, N = checkpoint.shape
+    dev = device_class(x.device)
+    # a programmatic dependent keeps the TMA launches, which choose by grid size what goes out before the wait (the
+    # per-warp kernel always copies its tile first: measured slower beyond 2 programs per SM in the TMA kernel)
+    return choose_launch(rows, H, P, N, R, T, x.device, G, state_size=checkpoint.element_size(),
+                         tma_ok=tma_supported(checkpoint, tma_block_p(P, N, dev), dev),
+                         warp_ok=dev.compiled and sr_seed is None and not pdl
+                         and verify_warp.warp_supported(checkpoint, x, B, C, R, T))
 
 
 def kernel_launches(step: "Step", launch: Launch, dev: DeviceClass) -> list[KernelLaunch]:
