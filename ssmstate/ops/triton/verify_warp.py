@@ -305,8 +305,9 @@ if HAVE_GLUON:
                         gl.zeros([2 * BLOCK_S, P], Xs.dtype, CV))
         else:
             bh = gl.allocate_shared_memory(Bs.dtype, [BK, N], SHL, Bs)
-            xs = gl.allocate_shared_memory(Xs.dtype, [BK, P], SHL, Xs)
         cs = gl.allocate_shared_memory(Cs.dtype, [BLOCK_S, N], SHL, Cs)
+        if KW == 0:
+            xs = gl.allocate_shared_memory(Xs.dtype, [BK, P], SHL, Xs)
         Gm = mma_v2(bh.load(GA), cs.permute([1, 0]).load(GB), gl.zeros([BK, BLOCK_S], gl.float32, MMG))
         if DT_SOFTPLUS:
             dtn = _softplus(dtn)
