@@ -142,8 +142,6 @@ def verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring:
     step = Step(checkpoint, checkpoint_scale, sr_seed, int(layer), x_ring, B_ring, dt_ring, ring_start,
                 num_committed, x, dt, A, B, C, D, dt_bias, z, out, page_ids, cu_seqlens, window, row_cursors, T,
                 bool(dt_softplus), pdl and dev.compiled)
-    if launch.kernel == "ldg":
-        return [_ldg_launch(step, launch, dev)]
     return kernel_launches(step, launch, dev)
 
 
@@ -162,12 +160,13 @@ def verify_launch(checkpoint: Tensor, x: Tensor, B: Tensor, C: Tensor, R: int, G
 
 
 def kernel_launches(step: "Step", launch: Launch, dev: DeviceClass) -> list[KernelLaunch]:
-    """The TMA or per-warp kernel's launches of ``step`` (the verify's, or with ``step.conv`` the fused layer's)."""
+    """The launches of ``step`` on ``launch``'s kernel (with ``step.conv``, the fused layer's: the TMA or the
+    per-warp kernel, which compute the conv in them)."""
     if launch.kernel == "tma":
         return tma_launches(step, launch, dev)
     if launch.kernel == "warp":
         return [_warp_launch(step, launch, dev)]
-    raise ConfigError(f"the fused layer runs the TMA or the per-warp kernel, not {launch.kernel!r}")
+    return [_ldg_launch(step, launch, dev)]
 
 
 def _check_inputs(x: Tensor, x_ring: Tensor, B: Tensor, B_ring: Tensor, T: int, pdl: object,
@@ -312,11 +311,7 @@ def _warp_launch(s: Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:
                           f"{s.checkpoint.dtype}, x {s.x.dtype}, B/C {s.B.dtype}/{s.C.dtype}, R={R}, T={s.T}")
     if s.sr_seed is not None:
         raise ConfigError("the per-warp verify kernel takes no stochastic rounding")
-    cv = s.conv
-    if cv is not None and not verify_warp.warp_conv_supported(cv.window, cv.xBC):
-        raise ConfigError(f"the per-warp fused layer needs a channels-contiguous conv window of xBC's dtype and "
-                          f"channels-contiguous xBC; got window {cv.window.dtype} strides {cv.window.stride()}, "
-                          f"xBC {cv.xBC.dtype} strides {cv.xBC.stride()}")
+    cv = s.conv  # the fused layer's: its window and xBC as verify_warp.warp_conv_supported takes them
     rc = s.row_cursors
     rc_strides = rc.stride() if rc is not None else (0, 0)
     st = s.strides()
@@ -325,8 +320,8 @@ def _warp_launch(s: Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:
             s.window, R, H, *st, *rc_strides, *(cv.args(H, P, N, G) if cv is not None else NO_CONV))
     kw = cv.weight.shape[1] - 1 if cv is not None else 0
     kwargs = dict(P=P, N=N, HPG=H // G, BLOCK_K=32, FOLD_K=pow2(s.window), BLOCK_S=verify_warp.BLOCK_S,
-                  NC=verify_warp.CHUNK_N,
-                  DT_SOFTPLUS=s.dt_softplus, GDC=s.gdc, KW=kw, BLOCK_L=pow2(kw + s.T, 1) if kw else 1,
+                  NC=verify_warp.CHUNK_N, DT_SOFTPLUS=s.dt_softplus, GDC=s.gdc, KW=kw,
+                  BLOCK_L=pow2(kw + s.T, 1) if kw else 1,
                   num_warps=verify_warp.NUM_WARPS, **_cap(launch, dev), **_pdl_flag(s.gdc))
     return KernelLaunch(verify_warp.verify_warp_kernel, (H, rows), args, kwargs)
 
