@@ -345,3 +345,37 @@ def test_the_fused_layer_runs_the_per_warp_kernel_under_its_override():
     assert _fused_launches(T=8, W=24, shape="warp")[0].kwargs["BLOCK_L"] == 16
     with pytest.raises(ConfigError, match="per-warp"):  # 32-bit x, B and C: while the launch is built
         _fused_launches(act=torch.float32, shape="warp")
+
+
+def _verify_kernels(x: torch.Tensor, B: torch.Tensor, dev: ot.DeviceClass = H100, **override) -> set[str]:
+    """The kernels ``replay_verify`` launches for a 4-row step of Nemotron-H-8B's geometry on CPU tensors, with
+    these x (tokens, H, P) and B (tokens, G, N), built for ``dev`` (nothing runs)."""
+    H, P, N, G, R, rows, T = 128, 64, 128, 8, 20, 4, 4
+    pages, bf, i32 = rows + 1, torch.bfloat16, torch.int32
+    with ot.override(device=dev, **override):
+        launches = ot.verify_launches(
+            torch.zeros(pages, H, P, N), torch.zeros(pages, H, R, P, dtype=bf), torch.zeros(pages, G, R, N, dtype=bf),
+            torch.zeros(pages, H, R), torch.zeros(pages, dtype=i32), torch.zeros(pages, dtype=i32), x,
+            torch.zeros(rows * T, H, dtype=bf), torch.zeros(H), B, B, torch.arange(1, rows + 1, dtype=i32),
+            torch.arange(0, rows * T + 1, T, dtype=i32), 16, torch.empty(rows * T, H, P, dtype=bf))
+    return {k.kernel.fn.__name__ for k in launches}
+
+
+def test_rows_off_16_byte_boundaries_stay_off_the_kernels_that_state_them():
+    """The per-warp and TMA kernels load each sequence row (a ring's or the step's) as 16-byte vectors and state
+    that alignment to the compiler, which cannot derive it through the per-row pick: a step whose x or B rows are
+    off 16-byte boundaries runs on the portable kernel, and an override naming either kernel raises."""
+    H, P, N, G, L = 128, 64, 128, 8, 16
+    bf = torch.bfloat16
+    x, B = torch.zeros(L, H, P, dtype=bf), torch.zeros(L, G, N, dtype=bf)
+    x_odd = torch.zeros(L * H * P + 1, dtype=bf)[1:].view(L, H, P)  # 2 bytes past a boundary
+    B_odd = torch.zeros(L, G, N + 4, dtype=bf)[:, :, :N]  # rows 264 bytes apart
+    assert ot.common.rows_aligned(x, B) and not ot.common.rows_aligned(x_odd) and not ot.common.rows_aligned(B_odd)
+    assert _verify_kernels(x, B) == {"verify_warp_kernel"}
+    assert _verify_kernels(x, B, dev=H200) == {"verify_tma_kernel"}
+    for xs, Bs in ((x_odd, B), (x, B_odd)):
+        for dev in (H100, H200):
+            assert _verify_kernels(xs, Bs, dev=dev) == {"verify_ldg_kernel"}
+        for shape in ("warp", "one_head"):
+            with pytest.raises(ConfigError, match="16-byte boundaries"):
+                _verify_kernels(xs, Bs, shape=shape)

@@ -112,6 +112,17 @@ def test_per_warp_fused_layer_builds_without_spills_and_waits_before_the_step_in
 
 
 @pytest.mark.skipif(not _HAVE_TOOLS, reason="Triton's ptxas / cuobjdump not installed")
+@pytest.mark.parametrize("batch,config,loads", [(4, '{"shape": "warp"}', 41), (32, '{"shape": "one_head"}', 43)],
+                         ids=["per-warp", "tma-one-head"])
+def test_sequence_rows_load_as_16_byte_vectors(batch, config, loads):
+    """Each sequence row (a ring's or the step's, picked per position) loads as 16-byte vectors: the kernels state
+    the rows' alignment, which the compiler cannot derive through the pick (Triton 3.8 and later load them element
+    by element without it: 104 and 85 global loads here instead of 41 and 43)."""
+    (row,) = _builds("--batch", str(batch), "--config", config)
+    assert row["LDG"] <= loads
+
+
+@pytest.mark.skipif(not _HAVE_TOOLS, reason="Triton's ptxas / cuobjdump not installed")
 def test_kernel_resources_lists_shared_buffers():
     """``--allocs``: the one-head launch's shared-memory buffers, read off its TTGIR. The checkpoint tile (64 x 128
     fp32, 32 KB) is one of them, and the build's shared memory holds at least the largest."""

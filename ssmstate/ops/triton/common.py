@@ -69,6 +69,15 @@ def dram_gbps_per_sm_of(index: int) -> float:
         return 0.0
 
 
+def rows_aligned(*tensors: torch.Tensor) -> bool:
+    """Every row of these tensors (each index but the last) starts on a 16-byte boundary. The verify kernels pick
+    each sequence position's row from a ring or from the step's inputs and load it in 16-byte vectors; the compiler
+    cannot derive that alignment through the element-wise pick (Triton 3.8 and later keep none), so the kernels
+    state it, and take only calls where it holds."""
+    return all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
+               for t in tensors)
+
+
 def pow2(n: int, floor: int = 16) -> int:
     """The next power of two >= ``n``, at least ``floor`` (the smallest tile a ``tl.dot`` takes)."""
     return max(floor, triton.next_power_of_2(int(n)))

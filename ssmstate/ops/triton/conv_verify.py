@@ -22,7 +22,7 @@ import triton
 from ssmstate.checks import check_tensor
 from ssmstate.errors import ConfigError, ShapeError
 from ssmstate.ops.reference import check_row_cursors_shape
-from ssmstate.ops.triton.common import INTERPRETED, KernelLaunch, dot_precisions, outer_strides, pow2
+from ssmstate.ops.triton.common import INTERPRETED, KernelLaunch, dot_precisions, outer_strides, pow2, rows_aligned
 from ssmstate.ops.triton.config import (
     DeviceClass, Launch, check_launch, choose_launch, device_class, fused_launch, fused_tma, tma_block_p,
 )
@@ -129,7 +129,8 @@ def conv_verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_
     x = xBC[:, :XB].unflatten(1, (H, P))
     B = xBC[:, XB:XB + GN].unflatten(1, (G, N))
     C = xBC[:, XB + GN:].unflatten(1, (G, N))
-    launch = _verify_kernel_launch(checkpoint, conv_window, xBC, x, B, C, rows, H, P, N, G, R, T, dev)
+    launch = _verify_kernel_launch(checkpoint, x_ring, B_ring, conv_window, xBC, x, B, C, rows, H, P, N, G, R, T,
+                                   dev)
     if launch is not None:
         conv = ConvIn(window=conv_window, shift=conv_shift, row_shift=row_shift, xBC=xBC, weight=weight, bias=bias,
                       counters=counters, silu=activation == "silu")
@@ -142,8 +143,8 @@ def conv_verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_
                              dt_softplus, counters, pdl, dev)]
 
 
-def _verify_kernel_launch(checkpoint: Tensor, conv_window: Tensor, xBC: Tensor, x: Tensor, B: Tensor, C: Tensor,
-                          rows: int, H: int, P: int, N: int, G: int, R: int, T: int,
+def _verify_kernel_launch(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, conv_window: Tensor, xBC: Tensor,
+                          x: Tensor, B: Tensor, C: Tensor, rows: int, H: int, P: int, N: int, G: int, R: int, T: int,
                           dev: DeviceClass) -> Launch | None:
     """The verify kernel's launch that computes the fused layer's conv in it (the TMA kernel's, or the per-warp
     kernel's where the launch choice or an override takes it), or None where neither takes it (the geometry, the
@@ -152,7 +153,8 @@ def _verify_kernel_launch(checkpoint: Tensor, conv_window: Tensor, xBC: Tensor, 
     if not fused_tma() or not verify_warp.warp_conv_supported(conv_window, xBC):
         return None
     tma_ok = tma_supported(checkpoint, tma_block_p(P, N, dev), dev)
-    warp_ok = dev.compiled and verify_warp.warp_supported(checkpoint, x, B, C, R, T)
+    warp_ok = (dev.compiled and verify_warp.warp_supported(checkpoint, x_ring, B_ring, x, B, C, T)
+               and rows_aligned(conv_window.transpose(1, 2), xBC))
     if not (tma_ok or warp_ok):  # whatever an override names: neither kernel reads this checkpoint
         return None
     launch = choose_launch(rows, H, P, N, R, T, xBC.device, G, state_size=checkpoint.element_size(), tma_ok=tma_ok,

@@ -55,7 +55,8 @@ def _tma_gathers(h, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr,
         pre_x = conv_loads(cv, chx, KW, BLOCK_T)
         win_x = window_loads(cv, chx, BLOCK_L, KW)
     else:
-        x_rows = tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
+        # 16-byte aligned rows (common.rows_aligned, which the launch choice checks): stated, as the pick hides it
+        x_rows = tl.multiple_of(tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t), 16)
         X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)
     dth = tl.load(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
     dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0).to(tl.float32)
@@ -357,7 +358,7 @@ def _tma_body(
         B_hist = tl.load(Br_base + ring[:, None] * s_Br_r + offs_n[None, :], mask=is_hist[:, None], other=0.0)
         B_raw = B_hist
     else:
-        b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
+        b_rows = tl.multiple_of(tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t), 16)
         B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None], other=0.0)  # (K, BLOCK_N)
     if TILE_IN:
         S_pre = S_in
