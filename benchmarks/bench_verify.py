@@ -300,7 +300,8 @@ def bench_config(T: int, W: int, batches: list[int], fi, args, l2: int, copy_tbp
                 "one_flush": [c_nf] * (b - 1) + [c_fl]}
         cfg_used = None
         set_c(scen["nonflush"])
-        row["heuristic"] = attrs.asdict(trk.verify.verify_launch(pool.ck, pool.xr, pool.Br, x, B, C, T, b))
+        aligned = trk.common.rows_aligned(pool.xr, pool.Br, x, B)
+        row["heuristic"] = attrs.asdict(trk.verify.verify_launch(pool.ck, x, B, C, R, G, T, b, aligned=aligned))
         row["ours_default_nonflush_us"] = time_calls([ours(j) for j in range(nsets)], args.reps)
         if args.sweep:
             # every candidate on both routes; ours_* below use the fastest non-flush candidate

@@ -129,22 +129,22 @@ def conv_verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_
     x = xBC[:, :XB].unflatten(1, (H, P))
     B = xBC[:, XB:XB + GN].unflatten(1, (G, N))
     C = xBC[:, XB + GN:].unflatten(1, (G, N))
-    launch = _verify_kernel_launch(checkpoint, x_ring, B_ring, conv_window, xBC, x, B, C, rows, H, P, N, G, R, T,
-                                   dev)
+    aligned = rows_aligned(x_ring, B_ring, x, B, conv_window.transpose(1, 2), xBC)
+    launch = _verify_kernel_launch(checkpoint, conv_window, xBC, x, B, C, rows, H, P, N, G, R, T, aligned, dev)
     if launch is not None:
         conv = ConvIn(window=conv_window, shift=conv_shift, row_shift=row_shift, xBC=xBC, weight=weight, bias=bias,
                       counters=counters, silu=activation == "silu")
         step = Step(checkpoint, None, None, 0, x_ring, B_ring, dt_ring, ring_start, num_committed, x, dt, A, B, C,
                     D, dt_bias, z, out, page_ids, cu_seqlens, window, row_cursors, T, bool(dt_softplus),
-                    pdl and dev.compiled, conv=conv)
+                    pdl and dev.compiled, aligned, conv=conv)
         return kernel_launches(step, launch, dev)
     return [_portable_launch(checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, conv_window, conv_shift,
                              xBC, dt, A, weight, bias, page_ids, cu_seqlens, window, out, D, dt_bias, z, activation,
                              dt_softplus, counters, pdl, dev)]
 
 
-def _verify_kernel_launch(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, conv_window: Tensor, xBC: Tensor,
-                          x: Tensor, B: Tensor, C: Tensor, rows: int, H: int, P: int, N: int, G: int, R: int, T: int,
+def _verify_kernel_launch(checkpoint: Tensor, conv_window: Tensor, xBC: Tensor, x: Tensor, B: Tensor, C: Tensor,
+                          rows: int, H: int, P: int, N: int, G: int, R: int, T: int, aligned: bool,
                           dev: DeviceClass) -> Launch | None:
     """The verify kernel's launch that computes the fused layer's conv in it (the TMA kernel's, or the per-warp
     kernel's where the launch choice or an override takes it), or None where neither takes it (the geometry, the
@@ -153,8 +153,7 @@ def _verify_kernel_launch(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, co
     if not fused_tma() or not verify_warp.warp_conv_supported(conv_window, xBC):
         return None
     tma_ok = tma_supported(checkpoint, tma_block_p(P, N, dev), dev)
-    warp_ok = (dev.compiled and verify_warp.warp_supported(checkpoint, x_ring, B_ring, x, B, C, T)
-               and rows_aligned(conv_window.transpose(1, 2), xBC))
+    warp_ok = aligned and dev.compiled and verify_warp.warp_supported(checkpoint, x, B, C, R, T)
     if not (tma_ok or warp_ok):  # whatever an override names: neither kernel reads this checkpoint
         return None
     launch = choose_launch(rows, H, P, N, R, T, xBC.device, G, state_size=checkpoint.element_size(), tma_ok=tma_ok,

@@ -136,9 +136,9 @@ def verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring:
     checkpoint, checkpoint_scale = kernel_checkpoint(checkpoint, checkpoint_scale)
     check_sr_seed(checkpoint, sr_seed, layer)
     dev = device_class(x.device)
-    launch = verify_launch(checkpoint, x_ring, B_ring, x, B, C, T, rows, pdl=pdl, sr_seed=sr_seed)
-    if launch.kernel == "tma" and not (tma_supported(checkpoint, launch.block_p, dev)
-                                       and rows_aligned(x_ring, B_ring, x, B)):
+    aligned = rows_aligned(x_ring, B_ring, x, B)
+    launch = verify_launch(checkpoint, x, B, C, R, G, T, rows, aligned=aligned, pdl=pdl, sr_seed=sr_seed)
+    if launch.kernel == "tma" and not (tma_supported(checkpoint, launch.block_p, dev) and aligned):
         raise ConfigError(f"the TMA verify kernel needs a contiguous checkpoint, P divisible by BLOCK_P="
                           f"{launch.block_p}, N a power of two in [16, 256] and the rows of the rings, x and B on "
                           f"16-byte boundaries; got {tuple(checkpoint.shape)}, row strides x {x.stride()[:-1]}, "
@@ -146,24 +146,24 @@ def verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring:
     check_launch(launch, H=H, G=G, N=N, R=R, rows=rows, dev=dev)
     step = Step(checkpoint, checkpoint_scale, sr_seed, int(layer), x_ring, B_ring, dt_ring, ring_start,
                 num_committed, x, dt, A, B, C, D, dt_bias, z, out, page_ids, cu_seqlens, window, row_cursors, T,
-                bool(dt_softplus), pdl and dev.compiled)
+                bool(dt_softplus), pdl and dev.compiled, aligned)
     return kernel_launches(step, launch, dev)
 
 
-def verify_launch(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, x: Tensor, B: Tensor, C: Tensor, T: int,
-                  rows: int, pdl: bool = False, sr_seed: Tensor | None = None) -> Launch:
+def verify_launch(checkpoint: Tensor, x: Tensor, B: Tensor, C: Tensor, R: int, G: int, T: int, rows: int, *,
+                  aligned: bool, pdl: bool = False, sr_seed: Tensor | None = None) -> Launch:
     """The launch :func:`replay_verify` takes for a call on these tensors (``checkpoint``: an 8-bit one as its
-    codes), with any :func:`~ssmstate.ops.triton.config.override` applied."""
+    codes), with any :func:`~ssmstate.ops.triton.config.override` applied; ``aligned``: every row of the rings, x
+    and B starts on a 16-byte boundary (:func:`~ssmstate.ops.triton.common.rows_aligned`), which the per-warp and
+    TMA kernels state to the compiler."""
     _, H, P, N = checkpoint.shape
-    R, G = x_ring.shape[2], B_ring.shape[1]
     dev = device_class(x.device)
     # a programmatic dependent keeps the TMA launches, which choose by grid size what goes out before the wait (the
     # per-warp kernel always copies its tile first: measured slower beyond 2 programs per SM in the TMA kernel)
     return choose_launch(rows, H, P, N, R, T, x.device, G, state_size=checkpoint.element_size(),
-                         tma_ok=tma_supported(checkpoint, tma_block_p(P, N, dev), dev)
-                         and rows_aligned(x_ring, B_ring, x, B),
-                         warp_ok=dev.compiled and sr_seed is None and not pdl
-                         and verify_warp.warp_supported(checkpoint, x_ring, B_ring, x, B, C, T))
+                         tma_ok=aligned and tma_supported(checkpoint, tma_block_p(P, N, dev), dev),
+                         warp_ok=aligned and dev.compiled and sr_seed is None and not pdl
+                         and verify_warp.warp_supported(checkpoint, x, B, C, R, T))
 
 
 def kernel_launches(step: "Step", launch: Launch, dev: DeviceClass) -> list[KernelLaunch]:
@@ -253,6 +253,7 @@ class Step:
     T: int
     dt_softplus: bool
     gdc: bool  # pdl=True on the GPU: the launch waits for the kernel before
+    aligned: bool  # rows_aligned of the rings, x and B (and the fused layer's conv window and xBC)
     conv: ConvIn | None = None  # the fused layer's conv (the TMA and per-warp kernels)
 
     def strides(self) -> tuple[int, ...]:
@@ -311,19 +312,19 @@ def _warp_launch(s: Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:
     ``s.conv`` the fused layer's."""
     pages, H, P, N = s.checkpoint.shape
     R, G, rows = s.x_ring.shape[2], s.B_ring.shape[1], s.page_ids.shape[0]
-    if not dev.compiled or not verify_warp.warp_supported(s.checkpoint, s.x_ring, s.B_ring, s.x, s.B, s.C, s.T):
+    if not dev.compiled or not verify_warp.warp_supported(s.checkpoint, s.x, s.B, s.C, R, s.T):
         raise ConfigError(f"the per-warp verify kernel runs on the GPU only, with Gluon, an fp32 checkpoint (pages, H, "
-                          f"64, N) with N a multiple of 32 up to 256, 16-bit x, B and C, a ring of at most 32 rows, "
-                          f"windows of at most 8 tokens and the rows of the rings, x and B on 16-byte boundaries; got "
-                          f"{tuple(s.checkpoint.shape)} {s.checkpoint.dtype}, x {s.x.dtype}, B/C "
-                          f"{s.B.dtype}/{s.C.dtype}, R={R}, T={s.T}, row strides x {s.x.stride()[:-1]}, "
-                          f"B {s.B.stride()[:-1]}")
+                          f"64, N) with N a multiple of 32 up to 256, 16-bit x, B and C, a ring of at most 32 rows "
+                          f"and windows of at most 8 tokens; got {tuple(s.checkpoint.shape)} "
+                          f"{s.checkpoint.dtype}, x {s.x.dtype}, B/C {s.B.dtype}/{s.C.dtype}, R={R}, T={s.T}")
     if s.sr_seed is not None:
         raise ConfigError("the per-warp verify kernel takes no stochastic rounding")
     cv = s.conv  # the fused layer's: its window and xBC as verify_warp.warp_conv_supported takes them
-    if cv is not None and not rows_aligned(cv.window.transpose(1, 2), cv.xBC):
-        raise ConfigError(f"the per-warp fused layer reads conv window columns and xBC tokens on 16-byte boundaries; "
-                          f"got strides {tuple(cv.window.stride())} and {tuple(cv.xBC.stride())}")
+    if not s.aligned:
+        raise ConfigError(f"the per-warp verify kernel reads the rows of the rings, x and B (and the fused layer's "
+                          f"conv window columns and xBC tokens) on 16-byte boundaries; got row strides x "
+                          f"{s.x.stride()[:-1]}, B {s.B.stride()[:-1]}" + (
+                              f", conv window {cv.window.stride()}, xBC {cv.xBC.stride()}" if cv is not None else ""))
     rc = s.row_cursors
     rc_strides = rc.stride() if rc is not None else (0, 0)
     st = s.strides()

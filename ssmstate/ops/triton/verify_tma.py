@@ -55,7 +55,7 @@ def _tma_gathers(h, page, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr,
         pre_x = conv_loads(cv, chx, KW, BLOCK_T)
         win_x = window_loads(cv, chx, BLOCK_L, KW)
     else:
-        # 16-byte aligned rows (common.rows_aligned, which the launch choice checks): stated, as the pick hides it
+        # 16-byte aligned rows (the launch checks Step.aligned): stated, as the pick hides it
         x_rows = tl.multiple_of(tl.where(is_hist, xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t), 16)
         X_raw = tl.load(x_rows[:, None] + offs_p[None, :], mask=is_seq[:, None], other=0.0)
     dth = tl.load(dtr_ptr + page * s_dtr_pg + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)

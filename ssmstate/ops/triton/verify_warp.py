@@ -36,8 +36,6 @@ from __future__ import annotations
 import torch
 import triton
 
-from ssmstate.ops.triton.common import rows_aligned
-
 try:  # Gluon (Triton >= 3.6 for the API used here); without it the TMA kernel serves every launch
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -63,21 +61,19 @@ CHUNK_N = 32
 BLOCK_S = 8
 
 
-def warp_supported(checkpoint: torch.Tensor, x_ring: torch.Tensor, B_ring: torch.Tensor, x: torch.Tensor,
-                   B: torch.Tensor, C: torch.Tensor, T: int) -> bool:
+def warp_supported(checkpoint: torch.Tensor, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor, R: int,
+                   T: int) -> bool:
     """The per-warp kernel takes this call: a Hopper or later GPU (CPU tensors: an offline build's capture), a
     contiguous fp32 checkpoint (pages, H, 64, N) with N a multiple of 32 up to 256, 16-bit x, B and C with B and C
-    of one dtype, a ring of at most 32 rows, windows of at most 8 tokens, and every row of the rings, x and B on a
-    16-byte boundary (:func:`~ssmstate.ops.triton.common.rows_aligned`)."""
+    of one dtype, a ring of at most 32 rows, windows of at most 8 tokens. Its rows must also start on 16-byte
+    boundaries (:func:`~ssmstate.ops.triton.common.rows_aligned`), which the launch checks once per call."""
     _, _, P, N = checkpoint.shape
-    R = x_ring.shape[2]
     if checkpoint.is_cuda and torch.cuda.get_device_capability(checkpoint.device)[0] < 9:
         return False  # TMA copies and mbarriers: Hopper and later
     return (HAVE_GLUON and checkpoint.dtype == torch.float32 and P == WARP_ROWS * NUM_WARPS
             and N % CHUNK_N == 0 and N <= 256 and checkpoint.is_contiguous() and checkpoint.data_ptr() % 16 == 0
             and x.dtype in (torch.bfloat16, torch.float16) and B.dtype == C.dtype
-            and B.dtype in (torch.bfloat16, torch.float16) and R <= 32 and T <= 8
-            and rows_aligned(x_ring, B_ring, x, B))
+            and B.dtype in (torch.bfloat16, torch.float16) and R <= 32 and T <= 8)
 
 
 def warp_conv_supported(conv_window: torch.Tensor, xBC: torch.Tensor) -> bool:
@@ -143,7 +139,7 @@ if HAVE_GLUON:
     def _column(m, win_pg, end, s_win_c, xbc_ptr, lo, s_xbc_t, KW: gl.constexpr):
         """Conv sequence column ``m``'s pointer (channel 0): the page's window column ``end - KW + m`` for
         ``m < KW``, else the row's token ``m - KW`` of ``xBC`` (the window and the tokens share a dtype)."""
-        # 16-byte aligned columns (common.rows_aligned, which the launch checks): stated, as the pick hides it
+        # 16-byte aligned columns (the launch checks Step.aligned): stated, as the pick hides it
         return gl.multiple_of(gl.where(m < KW, win_pg + (end - KW + m) * s_win_c, xbc_ptr + (lo + m - KW) * s_xbc_t),
                               16)
 
@@ -263,7 +259,7 @@ if HAVE_GLUON:
             kR = gl.arange(0, BK, gl.SliceLayout(1, ROWS))
             hR, nR, sqR, rR, tR = _seq(kR, c, q, rs, lo, R)
             nN = gl.arange(0, N, gl.SliceLayout(0, ROWS))
-            # 16-byte aligned rows (common.rows_aligned, part of warp_supported): stated, as the pick hides it
+            # 16-byte aligned rows (the launch checks Step.aligned): stated, as the pick hides it
             b_rows = gl.multiple_of(gl.where(hR, Br_base + rR * s_Br_r, B_ptr + g * s_B_g + tR * s_B_t), 16)
             Bs = gl.load(b_rows[:, None] + nN[None, :], mask=sqR[:, None], other=0.0)
             sR = gl.arange(0, BLOCK_S, gl.SliceLayout(1, ROWS))
