@@ -260,3 +260,21 @@ def test_conv_verify_fused_layer_always_pdl(monkeypatch, rows):
         m.conv_verify(0, plan, torch.randn(L, Dc).to(geom.act_dtype), torch.randn(L, H), -torch.ones(H),
                       torch.randn(Dc, 4), None)
     assert seen == [("replay_conv_verify", True)]
+
+
+def test_check_names_what_a_gpu_before_hopper_cannot_run():
+    """The kernels' 16-bit tensor-core products need compute capability 8.0, e4m3 checkpoints the fp8 conversions of
+    8.9; before 9.0 everything else runs, on the portable kernels (tests/test_launch_config.py)."""
+    from ssmstate.backends.triton import arch_problems
+
+    fp32 = PageLayout.replay(_geom(), SpecConfig(3))
+    fp8 = PageLayout.replay(_geom(state_dtype="fp8"), SpecConfig(3))
+    int8 = PageLayout.replay(_geom(state_dtype="int8"), SpecConfig(3))
+    assert arch_problems(fp32, (7, 5)) == arch_problems(fp8, (7, 5)) != []
+    assert "8.0" in arch_problems(fp32, (7, 5))[0]
+    for cap in ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0)):
+        assert arch_problems(fp32, cap) == arch_problems(int8, cap) == []
+    for cap in ((8, 0), (8, 6)):
+        (why,) = arch_problems(fp8, cap)
+        assert "float8_e4m3fn" in why and "8.9" in why and f"{cap[0]}.{cap[1]}" in why
+    assert arch_problems(fp8, (8, 9)) == arch_problems(fp8, (9, 0)) == []

@@ -29,6 +29,7 @@ from ssmstate.ops.triton.verify import ring_prefetch_bytes  # noqa: E402
 
 H200 = ot.DeviceClass(compiled=True, sms=132, gbps_per_sm=36.4)  # 4,800 GB/s over 132 SMs
 H100 = ot.DeviceClass(compiled=True, sms=132, gbps_per_sm=25.4)  # the H100 80GB HBM3: 3,352 GB/s over 132 SMs
+A100 = ot.DeviceClass(compiled=True, sms=108, gbps_per_sm=18.9, arch=80)  # the A100 80GB: 2,039 GB/s over 108 SMs
 CUDA = torch.device("cuda")
 
 
@@ -347,18 +348,23 @@ def test_the_fused_layer_runs_the_per_warp_kernel_under_its_override():
         _fused_launches(act=torch.float32, shape="warp")
 
 
-def _verify_kernels(x: torch.Tensor, B: torch.Tensor, dev: ot.DeviceClass = H100, **override) -> set[str]:
-    """The kernels ``replay_verify`` launches for a 4-row step of Nemotron-H-8B's geometry on CPU tensors, with
+def _verify_launches(x: torch.Tensor, B: torch.Tensor, dev: ot.DeviceClass = H100, pdl: bool = False,
+                     **override) -> list[common.KernelLaunch]:
+    """The launches ``replay_verify`` makes for a 4-row step of Nemotron-H-8B's geometry on CPU tensors, with
     these x (tokens, H, P) and B (tokens, G, N), built for ``dev`` (nothing runs)."""
     H, P, N, G, R, rows, T = 128, 64, 128, 8, 20, 4, 4
     pages, bf, i32 = rows + 1, torch.bfloat16, torch.int32
     with ot.override(device=dev, **override):
-        launches = ot.verify_launches(
+        return ot.verify_launches(
             torch.zeros(pages, H, P, N), torch.zeros(pages, H, R, P, dtype=bf), torch.zeros(pages, G, R, N, dtype=bf),
             torch.zeros(pages, H, R), torch.zeros(pages, dtype=i32), torch.zeros(pages, dtype=i32), x,
             torch.zeros(rows * T, H, dtype=bf), torch.zeros(H), B, B, torch.arange(1, rows + 1, dtype=i32),
-            torch.arange(0, rows * T + 1, T, dtype=i32), 16, torch.empty(rows * T, H, P, dtype=bf))
-    return {k.kernel.fn.__name__ for k in launches}
+            torch.arange(0, rows * T + 1, T, dtype=i32), 16, torch.empty(rows * T, H, P, dtype=bf), pdl=pdl)
+
+
+def _verify_kernels(x: torch.Tensor, B: torch.Tensor, dev: ot.DeviceClass = H100, **override) -> set[str]:
+    """The kernels of :func:`_verify_launches`."""
+    return {k.kernel.fn.__name__ for k in _verify_launches(x, B, dev, **override)}
 
 
 def test_rows_off_16_byte_boundaries_stay_off_the_kernels_that_state_them():
@@ -379,3 +385,39 @@ def test_rows_off_16_byte_boundaries_stay_off_the_kernels_that_state_them():
         for shape in ("warp", "one_head"):
             with pytest.raises(ConfigError, match="16-byte boundaries"):
                 _verify_kernels(xs, Bs, shape=shape)
+    # the portable kernel states the alignment where it holds, and only there
+    for xs, Bs, aligned in ((x, B, True), (x_odd, B, False), (x, B_odd, False)):
+        (launch,) = _verify_launches(xs, Bs, shape="ldg")
+        assert launch.kwargs["ALIGNED"] is aligned
+
+
+def test_gpus_before_hopper_run_the_portable_kernels_without_pdl():
+    """A GPU before compute capability 9.0 has no TMA, no elected thread and no programmatic dependent launch (the
+    TMA kernel's build aborts the process there: LLVM cannot select ``elect.sync`` for sm_80). Every verify runs the
+    portable kernel, on fp32 and 8-bit checkpoints alike; ``pdl=True`` launches plainly; the fused layer gives way to
+    the conv, verify pair; an override naming the TMA or per-warp kernel raises."""
+    for rows in (1, 4, 32, 256, 1024):
+        for state_size in (4, 1):
+            assert choose(rows, dev=A100, state_size=state_size).kernel == "ldg"
+        assert choose(rows, R=44, T=4, dev=A100).kernel == "ldg"
+        assert choose(rows, dev=H100, tma_ok=True).kernel == "tma"
+    H, P, N, G, L = 128, 64, 128, 8, 16
+    bf = torch.bfloat16
+    x, B = torch.zeros(L, H, P, dtype=bf), torch.zeros(L, G, N, dtype=bf)
+    (launch,) = _verify_launches(x, B, dev=A100, pdl=True)
+    assert launch.kernel.fn.__name__ == "verify_ldg_kernel"
+    assert launch.kwargs["GDC"] is False and "launch_pdl" not in launch.kwargs
+    hopper = _verify_launches(x, B, dev=H200, pdl=True)[0].kwargs
+    assert hopper["GDC"] and hopper["launch_pdl"]
+    for shape in ("warp", "one_head", "latency"):
+        with pytest.raises(ConfigError, match="compute capability 9.0\\+.*got compute capability 8.0"):
+            _verify_kernels(x, B, dev=A100, shape=shape)
+    for dev, fused in ((A100, False), (H100, True)):
+        with ot.override(device=dev):
+            assert config.fused_takes(1, H, P, N, CUDA) is fused
+            conv = ot.conv.conv_launch(torch.zeros(2, 4096, 7, dtype=bf).transpose(1, 2).contiguous().transpose(1, 2),
+                                       torch.zeros(2, dtype=torch.int32), torch.zeros(4, 4096, dtype=bf),
+                                       torch.zeros(4096, 4), None, torch.ones(1, dtype=torch.int32),
+                                       torch.tensor([0, 4], dtype=torch.int32), torch.zeros(4, 4096, dtype=bf),
+                                       pdl=True)
+        assert conv.kwargs["GDC"] is (dev is H100) and ("launch_pdl" in conv.kwargs) is (dev is H100)

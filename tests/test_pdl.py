@@ -112,14 +112,32 @@ def test_per_warp_fused_layer_builds_without_spills_and_waits_before_the_step_in
 
 
 @pytest.mark.skipif(not _HAVE_TOOLS, reason="Triton's ptxas / cuobjdump not installed")
-@pytest.mark.parametrize("batch,config,loads", [(4, '{"shape": "warp"}', 41), (32, '{"shape": "one_head"}', 43)],
-                         ids=["per-warp", "tma-one-head"])
+@pytest.mark.parametrize("batch,config,loads", [(4, '{"shape": "warp"}', 41), (32, '{"shape": "one_head"}', 43),
+                                                (4, '{"shape": "ldg"}', 70), (64, '{"shape": "ldg_stream"}', 55)],
+                         ids=["per-warp", "tma-one-head", "portable", "portable-streamed"])
 def test_sequence_rows_load_as_16_byte_vectors(batch, config, loads):
     """Each sequence row (a ring's or the step's, picked per position) loads as 16-byte vectors: the kernels state
     the rows' alignment, which the compiler cannot derive through the pick (Triton 3.8 and later load them element
-    by element without it: 104 and 85 global loads here instead of 41 and 43)."""
+    by element without it: 104, 85, 126 and 111 global loads here under Triton 3.8 instead of 41, 43, 70 and 55)."""
     (row,) = _builds("--batch", str(batch), "--config", config)
     assert row["LDG"] <= loads
+
+
+@pytest.mark.skipif(not _HAVE_TOOLS, reason="Triton's ptxas / cuobjdump not installed")
+@pytest.mark.parametrize("args,kernel", [
+    (("--arch", "80", "--batch", "1", "--pdl"), "verify_ldg_kernel"),
+    (("--arch", "80", "--batch", "256", "--state-dtype", "int8"), "verify_ldg_kernel"),
+    (("--arch", "89", "--batch", "64", "--state-dtype", "float8_e4m3fn"), "verify_ldg_kernel"),
+    (("--arch", "80", "--conv", "--batch", "4", "--pdl"), "_conv_update_kernel"),
+    (("--arch", "80", "--fused", "--batch", "1", "--pdl"), "conv_verify_kernel"),
+], ids=["a100-verify-pdl", "a100-int8", "l40s-fp8", "a100-conv-pdl", "a100-fused-pdl"])
+def test_gpus_before_hopper_build_the_portable_kernels_without_pdl(args, kernel):
+    """On a GPU before compute capability 9.0 (an A100's sm_80, an L40S's sm_89) the launches the heuristic makes
+    are the portable kernels, built without a programmatic-dependent wait or trigger even where ``pdl=True`` was
+    asked for (the TMA kernel's build aborts the process there)."""
+    (row,) = _builds(*args, "--sms", "108", "--gbps-per-sm", "18.9")
+    assert row["kernel"] == kernel
+    assert row["waits"] == row["triggers"] == 0 and row["local"] == 0
 
 
 @pytest.mark.skipif(not _HAVE_TOOLS, reason="Triton's ptxas / cuobjdump not installed")

@@ -1,5 +1,8 @@
 """Compile the Triton verify, conv and fused kernels for sm_90a on a machine without a GPU and report their resources.
 
+``--arch`` builds for another GPU (80: an A100, 89: an L40S) with that device class's launch choice (``--sms``,
+``--gbps-per-sm``): before compute capability 9.0 the portable kernels, without PDL.
+
 For each launch config: registers, spills, shared memory, and SASS counts (instructions, CTA
 barriers, global loads/stores, tensor-core ops), read from the same build the H200 would run
 (Triton's own ``ptxas`` and ``cuobjdump``). It costs no device time, so kernel variants are judged
@@ -45,6 +48,7 @@ from triton.runtime.jit import create_function_from_signature  # noqa: E402
 from bench_verify import split_config  # noqa: E402
 from ssmstate.ops import triton as ops  # noqa: E402
 
+#: the build target (``--arch``): sm_90a by default
 TARGET = GPUTarget("cuda", 90, 32)
 H, P, N, G = 128, 64, 128, 8
 SMS = 132
@@ -81,7 +85,7 @@ def capture(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, 
     # the manager's launch passes StepPlan.row_cursors; a ROW_CURSORS: 0 key builds the launch without them
     config, use_rc = split_config(config, 1)
     rc = torch.zeros((batch, 2), dtype=torch.int32).t() if use_rc else None
-    gpu = ops.DeviceClass(compiled=True, sms=sms, gbps_per_sm=gbps_per_sm)
+    gpu = ops.DeviceClass(compiled=True, sms=sms, gbps_per_sm=gbps_per_sm, arch=TARGET.arch)
     with ops.override(device=gpu, **(config or {})):
         launches = ops.verify_launches(ck, xr, Br, dtr, rs, nc, x, dt, A, B, C, page_ids, cu, W, out, D=D,
                                        dt_bias=dtb, z=z, row_cursors=rc, pdl=pdl, checkpoint_scale=scale)
@@ -95,7 +99,7 @@ def capture_fused(batch: int, T: int, W: int, config: dict | None, pdl: bool = F
     R, pages, L, bf = W + T, batch + 1, batch * T, torch.bfloat16
     Dc = H * P + 2 * G * N
     e = torch.empty
-    gpu = ops.DeviceClass(compiled=True, sms=sms, gbps_per_sm=gbps_per_sm)
+    gpu = ops.DeviceClass(compiled=True, sms=sms, gbps_per_sm=gbps_per_sm, arch=TARGET.arch)
     config = config or {}
     fused = {k: v for k, v in config.items() if k in ops.config.FUSED_KEYS}  # the rest: the TMA kernel's launch
     with ops.override(device=gpu, fused=fused, **{k: v for k, v in config.items() if k not in fused}):
@@ -118,7 +122,7 @@ def capture_conv(batch: int, T: int, W: int, config: dict | None, pdl: bool = Fa
     ``override(conv=...)`` fields)."""
     L, bf, Dc, k = batch * T, torch.bfloat16, H * P + 2 * G * N, 4
     e = torch.empty
-    gpu = ops.DeviceClass(compiled=True, sms=sms, gbps_per_sm=gbps_per_sm)
+    gpu = ops.DeviceClass(compiled=True, sms=sms, gbps_per_sm=gbps_per_sm, arch=TARGET.arch)
     win = e(batch + 1, k - 1 + T, Dc, dtype=bf).transpose(1, 2)
     with ops.override(device=gpu, conv=config or {}):
         launch = ops.conv.conv_launch(win, torch.zeros(batch + 1, dtype=torch.int32), e(L, Dc, dtype=bf), e(Dc, k),
@@ -216,12 +220,14 @@ def shared_allocs(ttgir: str) -> list[dict]:
 
 
 def report(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, allocs: bool = False,
-           fused: bool = False, conv: bool = False, state_dtype: str = "float32") -> list[dict]:
+           fused: bool = False, conv: bool = False, state_dtype: str = "float32", sms: int = SMS,
+           gbps_per_sm: float = GBPS_PER_SM) -> list[dict]:
     """One row per kernel the launch runs (``fused``: the fused conv + verify kernel's; ``conv``: the conv
     update's)."""
     rows = []
     cap = capture_fused if fused else capture_conv if conv else capture
-    for name, fn, (grid, args, kwargs) in cap(batch, T, W, config, pdl, state_dtype=state_dtype):
+    for name, fn, (grid, args, kwargs) in cap(batch, T, W, config, pdl, sms, gbps_per_sm,
+                                                  state_dtype=state_dtype):
         k = compile_launch(fn, args, kwargs)
         md = k.metadata
         row = {
@@ -255,11 +261,19 @@ def main() -> None:
     ap.add_argument("--state-dtype", default="float32", choices=("float32", "bfloat16", "int8", "float8_e4m3fn"),
                     help="the checkpoint's dtype (8-bit: with its decode scales)")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    ap.add_argument("--arch", type=int, default=90,
+                    help="compute capability to build for (90: sm_90a; 80: an A100's sm_80, 89: an L40S's sm_89)")
+    ap.add_argument("--sms", type=int, default=SMS, help="the device class's SMs (132: H100/H200; 108: A100)")
+    ap.add_argument("--gbps-per-sm", type=float, default=GBPS_PER_SM,
+                    help="the device class's DRAM GB/s per SM (36.4: H200; 25.4: H100 80GB HBM3; 18.9: A100 80GB)")
     a = ap.parse_args()
+    global TARGET
+    TARGET = GPUTarget("cuda", a.arch, 32)
     configs = [json.loads(c) for c in a.config] or [None]
     rows = []
     for cfg in configs:
-        for row in report(a.batch, a.T, a.W, cfg, a.pdl, a.allocs, a.fused, a.conv, a.state_dtype):
+        for row in report(a.batch, a.T, a.W, cfg, a.pdl, a.allocs, a.fused, a.conv, a.state_dtype, a.sms,
+                          a.gbps_per_sm):
             rows.append(row)
             print(json.dumps(row), flush=True)
     if a.out:

@@ -35,6 +35,19 @@ MAX_TOKENS = 16
 MAX_RING_LEN = 128
 
 
+def arch_problems(layout: PageLayout, capability: tuple[int, int]) -> list[str]:
+    """What a GPU of this compute capability cannot run of ``layout``: the kernels' 16-bit tensor-core products need
+    8.0 (Ampere), e4m3 checkpoints the conversion unit's fp8 type, 8.9 (Ada). Before 9.0 every verify runs the
+    portable kernel (no TMA), and ``pdl`` launches plainly."""
+    major, minor = capability
+    if (major, minor) < (8, 0):
+        return [f"compute capability {major}.{minor} < 8.0 (bf16/tf32 tensor-core products)"]
+    if layout.geometry.state_dtype == torch.float8_e4m3fn and (major, minor) < (8, 9):
+        return [f"float8_e4m3fn checkpoints need compute capability 8.9+ (the fp8 conversions), this GPU is "
+                f"{major}.{minor}: use int8, bf16 or fp32 checkpoints"]
+    return []
+
+
 def _ops() -> ModuleType:
     """:mod:`ssmstate.ops.triton`, imported on first use (importing it decorates the kernels)."""
     import ssmstate.ops.triton as ops
@@ -48,7 +61,8 @@ class TritonBackend:
     conv, verify pair).
 
     Args:
-        pdl: launch ``conv`` and ``verify`` as programmatic dependents (GPU only; no effect in the interpreter).
+        pdl: launch ``conv`` and ``verify`` as programmatic dependents (a GPU of compute capability 9.0 or later;
+            no effect before it or in the interpreter).
             A layer's conv then waits for the kernel before it and lets its verify launch at once; the verify
             reads its page ids, cursors and first checkpoint tile while the conv runs and the conv's outputs
             after it ends. The launch latency and the state's first DRAM round trip leave the critical path
@@ -96,6 +110,8 @@ class TritonBackend:
             raise BackendUnavailableError(f"the triton backend needs a CUDA device (or CPU + TRITON_INTERPRET=1), got {device}")
         g, s = layout.geometry, layout.spec
         problems = []
+        if device.type == "cuda" and not interpreted and torch.cuda.is_available():
+            problems += arch_problems(layout, torch.cuda.get_device_capability(device))
         if g.head_dim > MAX_HEAD_DIM:
             problems.append(f"head_dim {g.head_dim} > {MAX_HEAD_DIM}")
         if g.state_size > MAX_STATE_SIZE:

@@ -465,3 +465,45 @@ def test_cuda_graph_decode_step_pdl(rows):
         _compare_managers(g, mp, mr, ids)
     assert routes == {False, True}, "the schedule should take both routes"
     mp.raise_device_errors()
+
+
+# -- the launches of a GPU before Hopper ---------------------------------------------------
+
+
+@pytest.mark.parametrize("rows", [1, 40])
+def test_cuda_graph_decode_step_as_before_hopper(rows):
+    """The launches a GPU before compute capability 9.0 makes (``DeviceClass.arch`` 80: the portable verify, its
+    rows' alignment stated, and no programmatic dependent launch although ``pdl`` asks for it), built for this GPU,
+    captured and replayed: close to the reference over steps through both routes."""
+    from ssmstate.cuda_graph import DecodeStepGraph
+    from ssmstate.ops.triton.common import dram_gbps_per_sm, num_sms
+
+    dev = torch.device(DEV)
+    a100 = trk.DeviceClass(compiled=True, sms=num_sms(dev), gbps_per_sm=dram_gbps_per_sm(dev), arch=80)
+    W, T, layers = 16, 4, 2
+    g = _geom(layers)
+    layout = PageLayout.replay(g, SpecConfig(T - 1, window=W))
+    with trk.override(device=a100):
+        mt = StateManager(layout, rows + 2, device=DEV, backend="triton", max_batch=rows, backend_options={"pdl": True})
+        mr = StateManager(layout, rows + 2, device=DEV, backend="reference", max_batch=rows)
+        ids = _admit_all(g, mt, mr, rows, torch.Generator().manual_seed(rows))
+        mod_t, mod_r = _Model(g, rows, T, 6), _Model(g, rows, T, 6)
+        acc_buf = torch.zeros(rows, dtype=torch.int32, device=DEV)
+        graph = DecodeStepGraph(mt, rows, T, mod_t.body(mt, poison=True), acc_buf)
+        rng = torch.Generator().manual_seed(rows + 2)
+        routes = set()
+        for step in range(10):
+            acc = torch.randint(0, T + 1, (rows,), generator=rng)
+            acc_buf.copy_(acc.to(torch.int32))
+            mod_t.fill()
+            mod_r.fill()
+            plan_r = mr.begin_step(ids, T, pad_to=rows)
+            routes.update((plan_r.row_cursors[1] + T > W).tolist())
+            mod_r.body(mr, poison=True)(plan_r)
+            mr.commit(plan_r, acc.tolist())
+            graph.capture(ids) if step == 0 else graph.step(ids)
+            torch.cuda.synchronize()
+            assert rel(mod_t.y[:, : rows * T], mod_r.y[:, : rows * T]) < 2e-2
+            _compare_managers(g, mt, mr, ids)
+    assert routes == {False, True}, "the schedule should take both routes"
+    mt.raise_device_errors()

@@ -52,6 +52,15 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def arch(device: torch.device) -> int:
+    """The GPU's compute capability as major * 10 + minor (90: Hopper); 0 off the GPU."""
+    if device.type != "cuda":
+        return 0
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor
+
+
 def dram_gbps_per_sm(device: torch.device) -> float:
     """Peak DRAM bandwidth per SM in GB/s, from the driver's memory clock and bus width; 0.0 where not reported."""
     if device.type != "cuda":
@@ -73,7 +82,8 @@ def rows_aligned(*tensors: torch.Tensor) -> bool:
     """Every row of these tensors (each index but the last) starts on a 16-byte boundary. The verify kernels pick
     each sequence position's row from a ring or from the step's inputs and load it in 16-byte vectors; the compiler
     cannot derive that alignment through the element-wise pick (Triton 3.8 and later keep none), so the kernels
-    state it, and take only calls where it holds."""
+    state it: the per-warp and TMA kernels take only calls where it holds, the portable kernel states it where it
+    holds (its ``ALIGNED``)."""
     return all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
                for t in tensors)
 

@@ -22,7 +22,7 @@ import attrs
 import torch
 
 from ssmstate.errors import ConfigError
-from ssmstate.ops.triton.common import compiled, dram_gbps_per_sm, num_sms, pow2
+from ssmstate.ops.triton.common import arch, compiled, dram_gbps_per_sm, num_sms, pow2
 
 #: the fields an override may set (besides ``shape``, a name in the table), and those of one kernel only
 OVERRIDE_KEYS = ("BLOCK_P", "BLOCK_S", "FOLD_N", "HEADS", "PROGS", "KSPLIT", "TMA_STORE", "LATE", "HPP", "NC",
@@ -45,12 +45,24 @@ def _limit(name: str) -> Any:
 
 @attrs.frozen
 class DeviceClass:
-    """What the launch choice reads of a device: compiled for a GPU (else the interpreter), its SMs, and its peak
-    DRAM bandwidth per SM in GB/s (0.0: not reported)."""
+    """What the launch choice reads of a device: compiled for a GPU (else the interpreter), its SMs, its peak
+    DRAM bandwidth per SM in GB/s (0.0: not reported), and its compute capability (major * 10 + minor)."""
 
     compiled: bool
     sms: int = 1
     gbps_per_sm: float = 0.0
+    arch: int = 90
+
+    @property
+    def hopper(self) -> bool:
+        """The TMA and per-warp kernels can run: compute capability 9.0 or later (TMA, mbarriers, the elected
+        thread), or the interpreter, which emulates the TMA kernel's copies."""
+        return not self.compiled or self.arch >= 90
+
+    @property
+    def pdl(self) -> bool:
+        """Launches can be programmatic dependents (``griddepcontrol``: compute capability 9.0 or later)."""
+        return self.compiled and self.arch >= 90
 
     @property
     def lean(self) -> bool:
@@ -136,16 +148,17 @@ def device_class(device: torch.device) -> DeviceClass:
         return ov.device
     if not compiled(device):
         return DeviceClass(compiled=False)
-    return DeviceClass(compiled=True, sms=num_sms(device), gbps_per_sm=dram_gbps_per_sm(device))
+    return DeviceClass(compiled=True, sms=num_sms(device), gbps_per_sm=dram_gbps_per_sm(device), arch=arch(device))
 
 
 def tma_block_p(P: int, N: int, dev: DeviceClass) -> int:
     """Head-dim rows per program of the TMA kernel for this geometry, or 0 where it does not apply.
 
     One warpgroup's tensor-core tile is 64 rows (so P must be a multiple of 64 on the GPU); the interpreter takes
-    any power-of-two tile >= 16 that divides P. The TMA box holds N whole: a power of two in [16, 256].
+    any power-of-two tile >= 16 that divides P. The TMA box holds N whole: a power of two in [16, 256]. A GPU
+    before compute capability 9.0 has no TMA.
     """
-    if N & (N - 1) or not 16 <= N <= 256:
+    if N & (N - 1) or not 16 <= N <= 256 or not dev.hopper:
         return 0
     if dev.compiled:
         return 64 if P % 64 == 0 else 0

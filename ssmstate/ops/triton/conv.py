@@ -20,8 +20,8 @@ import triton.language as tl
 
 from ssmstate.checks import check_tensor
 from ssmstate.errors import ConfigError, ShapeError
-from ssmstate.ops.triton.common import KernelLaunch, compiled, pdl_wait
-from ssmstate.ops.triton.config import conv_block
+from ssmstate.ops.triton.common import KernelLaunch, pdl_wait
+from ssmstate.ops.triton.config import conv_block, device_class
 
 Tensor = torch.Tensor
 
@@ -225,7 +225,7 @@ def conv_launch(
         raise ConfigError(f"pdl must be a bool, got {pdl!r}")
     if row_shift is not None:
         check_tensor("row_shift", row_shift, (page_ids.shape[0],), (torch.int32,), out.device)
-    gdc = pdl and compiled(out.device)
+    gdc = pdl and device_class(out.device).pdl
     BLOCK_D, warps = conv_block(Dc, conv_window.element_size())
     grid = (triton.cdiv(Dc, BLOCK_D), page_ids.shape[0])
     args = (conv_window, conv_shift, conv_shift if row_shift is None else row_shift, xBC, weight,

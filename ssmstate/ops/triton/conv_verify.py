@@ -136,7 +136,7 @@ def conv_verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_
                       counters=counters, silu=activation == "silu")
         step = Step(checkpoint, None, None, 0, x_ring, B_ring, dt_ring, ring_start, num_committed, x, dt, A, B, C,
                     D, dt_bias, z, out, page_ids, cu_seqlens, window, row_cursors, T, bool(dt_softplus),
-                    pdl and dev.compiled, aligned, conv=conv)
+                    pdl and dev.pdl, aligned, conv=conv)
         return kernel_launches(step, launch, dev)
     return [_portable_launch(checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, conv_window, conv_shift,
                              xBC, dt, A, weight, bias, page_ids, cu_seqlens, window, out, D, dt_bias, z, activation,
@@ -153,7 +153,7 @@ def _verify_kernel_launch(checkpoint: Tensor, conv_window: Tensor, xBC: Tensor, 
     if not fused_tma() or not verify_warp.warp_conv_supported(conv_window, xBC):
         return None
     tma_ok = tma_supported(checkpoint, tma_block_p(P, N, dev), dev)
-    warp_ok = aligned and dev.compiled and verify_warp.warp_supported(checkpoint, x, B, C, R, T)
+    warp_ok = aligned and dev.compiled and dev.hopper and verify_warp.warp_supported(checkpoint, x, B, C, R, T)
     if not (tma_ok or warp_ok):  # whatever an override names: neither kernel reads this checkpoint
         return None
     launch = choose_launch(rows, H, P, N, R, T, xBC.device, G, state_size=checkpoint.element_size(), tma_ok=tma_ok,
@@ -185,7 +185,7 @@ def _portable_launch(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring
     dot_prec, fold_prec = dot_precisions(dev.compiled)
     npt = -(-P // launch.block_p)
     dummy = dt_ring  # a placeholder for absent optional inputs
-    gdc = pdl and dev.compiled
+    gdc = pdl and dev.pdl
     args = (checkpoint, x_ring, B_ring, dt_ring, ring_start, num_committed, conv_window, conv_shift, counters,
             xBC, dt, A, weight, bias if bias is not None else dummy, D if D is not None else dummy,
             dt_bias if dt_bias is not None else dummy, z if z is not None else xBC, out, page_ids, cu_seqlens,

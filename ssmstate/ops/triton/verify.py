@@ -139,14 +139,14 @@ def verify_launches(checkpoint: Tensor, x_ring: Tensor, B_ring: Tensor, dt_ring:
     aligned = rows_aligned(x_ring, B_ring, x, B)
     launch = verify_launch(checkpoint, x, B, C, R, G, T, rows, aligned=aligned, pdl=pdl, sr_seed=sr_seed)
     if launch.kernel == "tma" and not (tma_supported(checkpoint, launch.block_p, dev) and aligned):
-        raise ConfigError(f"the TMA verify kernel needs a contiguous checkpoint, P divisible by BLOCK_P="
-                          f"{launch.block_p}, N a power of two in [16, 256] and the rows of the rings, x and B on "
-                          f"16-byte boundaries; got {tuple(checkpoint.shape)}, row strides x {x.stride()[:-1]}, "
-                          f"B {B.stride()[:-1]}")
+        raise ConfigError(f"the TMA verify kernel needs a GPU of compute capability 9.0+, a contiguous checkpoint, "
+                          f"P divisible by BLOCK_P={launch.block_p}, N a power of two in [16, 256] and the rows of "
+                          f"the rings, x and B on 16-byte boundaries; got {_arch_name(dev)}, "
+                          f"{tuple(checkpoint.shape)}, row strides x {x.stride()[:-1]}, B {B.stride()[:-1]}")
     check_launch(launch, H=H, G=G, N=N, R=R, rows=rows, dev=dev)
     step = Step(checkpoint, checkpoint_scale, sr_seed, int(layer), x_ring, B_ring, dt_ring, ring_start,
                 num_committed, x, dt, A, B, C, D, dt_bias, z, out, page_ids, cu_seqlens, window, row_cursors, T,
-                bool(dt_softplus), pdl and dev.compiled, aligned)
+                bool(dt_softplus), pdl and dev.pdl, aligned)
     return kernel_launches(step, launch, dev)
 
 
@@ -155,14 +155,14 @@ def verify_launch(checkpoint: Tensor, x: Tensor, B: Tensor, C: Tensor, R: int, G
     """The launch :func:`replay_verify` takes for a call on these tensors (``checkpoint``: an 8-bit one as its
     codes), with any :func:`~ssmstate.ops.triton.config.override` applied; ``aligned``: every row of the rings, x
     and B starts on a 16-byte boundary (:func:`~ssmstate.ops.triton.common.rows_aligned`), which the per-warp and
-    TMA kernels state to the compiler."""
+    TMA kernels need and the portable kernel states to the compiler where it holds."""
     _, H, P, N = checkpoint.shape
     dev = device_class(x.device)
     # a programmatic dependent keeps the TMA launches, which choose by grid size what goes out before the wait (the
     # per-warp kernel always copies its tile first: measured slower beyond 2 programs per SM in the TMA kernel)
     return choose_launch(rows, H, P, N, R, T, x.device, G, state_size=checkpoint.element_size(),
                          tma_ok=aligned and tma_supported(checkpoint, tma_block_p(P, N, dev), dev),
-                         warp_ok=aligned and dev.compiled and sr_seed is None and not pdl
+                         warp_ok=aligned and dev.compiled and dev.hopper and sr_seed is None and not pdl
                          and verify_warp.warp_supported(checkpoint, x, B, C, R, T))
 
 
@@ -252,7 +252,7 @@ class Step:
     row_cursors: Tensor | None
     T: int
     dt_softplus: bool
-    gdc: bool  # pdl=True on the GPU: the launch waits for the kernel before
+    gdc: bool  # pdl=True on a GPU that has PDL: the launch waits for the kernel before
     aligned: bool  # rows_aligned of the rings, x and B (and the fused layer's conv window and xBC)
     conv: ConvIn | None = None  # the fused layer's conv (the TMA and per-warp kernels)
 
@@ -302,7 +302,7 @@ def tma_launches(s: Step, launch: Launch, dev: DeviceClass) -> list[KernelLaunch
                  **_l2_prefetch(launch.l2pf, tile_bytes, s, launch.heads, dev),
                  TMA_STORE=launch.tma_store and launch.fold_n >= N, **_cap(launch, dev), **_pdl_flag(s.gdc))
     second = dict(split, HEADS=1, FOLD_N=N, ROUTE=2, GDC=0, TMA_STORE=launch.tma_store,
-                  **_l2_prefetch(0, tile_bytes, s, 1, dev), **_pdl_flag(dev.compiled))
+                  **_l2_prefetch(0, tile_bytes, s, 1, dev), **_pdl_flag(dev.pdl))
     return [KernelLaunch(verify_tma_kernel, (launch.progs * sms, 1), args, first),
             KernelLaunch(verify_tma_kernel, (2 * sms if dev.compiled else 3, 1), args, second)]
 
@@ -312,10 +312,11 @@ def _warp_launch(s: Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:
     ``s.conv`` the fused layer's."""
     pages, H, P, N = s.checkpoint.shape
     R, G, rows = s.x_ring.shape[2], s.B_ring.shape[1], s.page_ids.shape[0]
-    if not dev.compiled or not verify_warp.warp_supported(s.checkpoint, s.x, s.B, s.C, R, s.T):
-        raise ConfigError(f"the per-warp verify kernel runs on the GPU only, with Gluon, an fp32 checkpoint (pages, H, "
-                          f"64, N) with N a multiple of 32 up to 256, 16-bit x, B and C, a ring of at most 32 rows "
-                          f"and windows of at most 8 tokens; got {tuple(s.checkpoint.shape)} "
+    if not (dev.compiled and dev.hopper) or not verify_warp.warp_supported(s.checkpoint, s.x, s.B, s.C, R, s.T):
+        raise ConfigError(f"the per-warp verify kernel runs on a GPU of compute capability 9.0+ only, with Gluon, an "
+                          f"fp32 checkpoint (pages, H, 64, N) with N a multiple of 32 up to 256, 16-bit x, B and C, a "
+                          f"ring of at most 32 rows and windows of at most 8 tokens; got {_arch_name(dev)}, "
+                          f"{tuple(s.checkpoint.shape)} "
                           f"{s.checkpoint.dtype}, x {s.x.dtype}, B/C {s.B.dtype}/{s.C.dtype}, R={R}, T={s.T}")
     if s.sr_seed is not None:
         raise ConfigError("the per-warp verify kernel takes no stochastic rounding")
@@ -362,9 +363,13 @@ def _ldg_launch(s: Step, launch: Launch, dev: DeviceClass) -> KernelLaunch:
                   NC=min(block_n, launch.nc), NS=3, GDC=s.gdc, HAS_D=s.D is not None, HAS_DTB=s.dt_bias is not None,
                   HAS_Z=s.z is not None, DT_SOFTPLUS=s.dt_softplus, DOT_PREC=dot_prec,
                   FOLD_SPLIT=dev.compiled and s.B_ring.dtype in (torch.bfloat16, torch.float16), FOLD_PREC=fold_prec,
-                  IDX64=INTERPRETED, num_warps=4, num_stages=1, **_cap(launch, dev),
+                  IDX64=INTERPRETED, ALIGNED=s.aligned, num_warps=4, num_stages=1, **_cap(launch, dev),
                   **_pdl_flag(s.gdc))
     return KernelLaunch(verify_ldg_kernel, (H // launch.hpp * npt, rows), args, kwargs)
+
+
+def _arch_name(dev: DeviceClass) -> str:
+    return f"compute capability {dev.arch // 10}.{dev.arch % 10}" if dev.compiled else "the interpreter"
 
 
 def _cap(launch: Launch, dev: DeviceClass) -> dict[str, int]:

@@ -63,12 +63,14 @@ def _head_inputs(
     h, is_hist, is_new, is_seq, ring, tok, tw, offs_p, mp, ms,
     xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h, s_x_t, dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h,
     A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h, HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr,
-    cks_page, s_cks_h, EVEN: tl.constexpr, QMODE: tl.constexpr,
+    cks_page, s_cks_h, EVEN: tl.constexpr, QMODE: tl.constexpr, ALIGNED: tl.constexpr,
 ):
     """Head ``h``'s other global loads (issued together, so the loop keeps them in flight a head ahead); a
     quantized checkpoint's decode scales of the tile's rows too (else A)."""
     # x over the sequence, transposed (BLOCK_P, BLOCK_K): ring rows for k < c, the window's inputs after
     x_rows = tl.where(is_hist, xr_base + h * s_xr_h + ring * s_xr_r, x_ptr + h * s_x_h + tok * s_x_t)
+    if ALIGNED:  # stated here, on the pick itself (a helper's argument would carry no hint back)
+        x_rows = tl.multiple_of(x_rows, 16)
     X_raw = tl.load(x_rows[None, :] + offs_p[:, None], mask=mp[:, None] & is_seq[None, :], other=0.0)
     dth = tl.load(dtr_base + h * s_dtr_h + ring * s_dtr_r, mask=is_hist, other=0.0)
     dtn = tl.load(dt_ptr + tok * s_dt_t + h * s_dt_h, mask=is_new, other=0.0)
@@ -173,7 +175,7 @@ def _verify_heads(
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
     c_rows, BLOCK_S: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr, IDX64: tl.constexpr,
-    QMODE: tl.constexpr, SR: tl.constexpr,
+    QMODE: tl.constexpr, SR: tl.constexpr, ALIGNED: tl.constexpr,
 ):
     """Heads ``h0 .. h0 + HPP - 1`` of one row in a loop (HPP > 1 only in the interpreter: fewer, longer
     programs); ``S`` is head ``h0``'s tile, already in flight (NC = 0; with NC > 0 the loop streams each head's
@@ -184,7 +186,7 @@ def _verify_heads(
     X_raw, dth, dtn, A, Dh, dtb, zz, sc = _head_inputs(
         h0, is_hist, is_new, is_seq, ring, tok, tw, offs_p, mp, ms, xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h, s_x_t,
         dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr, s_z_t, s_z_h,
-        HAS_D, HAS_DTB, HAS_Z, cks_page, s_cks_h, EVEN, QMODE)
+        HAS_D, HAS_DTB, HAS_Z, cks_page, s_cks_h, EVEN, QMODE, ALIGNED)
     for i in range(HPP):
         _verify_head(h0 + i, S, X_raw, dth, dtn, A, Dh, dtb, zz, sc, cks_page, s_cks_h, key_pg,
                      ck_page, Cd, G, b_hist, N_, is_hist, is_new, causal, diag, ring, tw, offs_p, mp, ms, pt,
@@ -198,7 +200,7 @@ def _verify_heads(
             X_raw, dth, dtn, A, Dh, dtb, zz, sc = _head_inputs(
                 hn, is_hist, is_new, is_seq, ring, tok, tw, offs_p, mp, ms, xr_base, s_xr_h, s_xr_r, x_ptr,
                 s_x_h, s_x_t, dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr, z_ptr,
-                s_z_t, s_z_h, HAS_D, HAS_DTB, HAS_Z, cks_page, s_cks_h, EVEN, QMODE)
+                s_z_t, s_z_h, HAS_D, HAS_DTB, HAS_Z, cks_page, s_cks_h, EVEN, QMODE, ALIGNED)
 
 
 @triton.jit(do_not_specialize=["layer"])  # layer 1 must stay a runtime int (the SR hash casts it)
@@ -223,11 +225,12 @@ def verify_ldg_kernel(
     HAS_D: tl.constexpr, HAS_DTB: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr, IDX64: tl.constexpr,
     NATIVE_G: tl.constexpr, NC: tl.constexpr, NS: tl.constexpr,
-    GDC: tl.constexpr,
+    GDC: tl.constexpr, ALIGNED: tl.constexpr,
 ):
     # One program: one row, HPP heads of one group, one tile of BLOCK_P head-dim rows. What depends on the group only (cursors,
     # B and C tiles, the Gram B·Cᵀ) is computed once for the HPP heads. A quantized checkpoint (its decode scales
-    # cks_ptr, (pages, H, P) fp32) is int8 or e4m3 bytes (uint8): QMODE 1 / 2.
+    # cks_ptr, (pages, H, P) fp32) is int8 or e4m3 bytes (uint8): QMODE 1 / 2. ALIGNED: every row of the rings, x and
+    # B starts on a 16-byte boundary (the launch checked it), so the picked sequence rows load as 16-byte vectors.
     CK_TY: tl.constexpr = ck_ptr.dtype.element_ty
     QMODE: tl.constexpr = (1 if CK_TY == tl.int8 else 2) if cks_ptr is not None else 0
     SR: tl.constexpr = seed_ptr is not None  # stochastic rounding of the flush rows' writes (int64 (1,) seed)
@@ -287,6 +290,8 @@ def verify_ldg_kernel(
         # the group's B over the sequence (ring rows, then the window's inputs) and C over the window
         Br_base = Br_ptr + page * s_Br_pg + g * s_Br_g
         b_rows = tl.where(is_hist, Br_base + ring * s_Br_r, B_ptr + g * s_B_g + tok * s_B_t)
+        if ALIGNED:
+            b_rows = tl.multiple_of(b_rows, 16)
         B_raw = tl.load(b_rows[:, None] + offs_n[None, :], mask=is_seq[:, None] & mn[None, :], other=0.0)
         Cw_raw = tl.load(c_rows[:, None] + offs_n[None, :], mask=ms[:, None] & mn[None, :], other=0.0)
         if NATIVE_G:  # 16-bit B and C: exact products, fp32 accumulation
@@ -307,13 +312,13 @@ def verify_ldg_kernel(
                           dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr,
                           z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h, s_ck_h, cks_page, s_cks_h, key_pg, S_CK_P, HPP,
                           BLOCK_P, BLOCK_N, FOLD_N, EVEN, True, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, DOT_PREC,
-                          FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, QMODE, SR)
+                          FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, QMODE, SR, ALIGNED)
         else:
             _verify_heads(h0, S, ck_page, Cd, G, b_hist, N, is_hist, is_new, is_seq, causal, diag, ring, tok, tw,
                           offs_p, mp, mS, ms, pt, ck_ptr, xr_base, s_xr_h, s_xr_r, x_ptr, s_x_h, s_x_t,
                           dtr_base, s_dtr_h, s_dtr_r, dt_ptr, s_dt_t, s_dt_h, A_ptr, D_ptr, dtb_ptr,
                           z_ptr, s_z_t, s_z_h, out_ptr, s_o_t, s_o_h, s_ck_h, cks_page, s_cks_h, key_pg, S_CK_P, HPP,
                           BLOCK_P, BLOCK_N, FOLD_N, EVEN, False, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, DOT_PREC,
-                          FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, QMODE, SR)
+                          FOLD_SPLIT, FOLD_PREC, c_rows, BLOCK_S, NC, NS, IDX64, QMODE, SR, ALIGNED)
     if GDC:  # a program that skipped its row ends only after the kernel before too
         pdl_wait()
