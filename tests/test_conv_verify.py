@@ -22,6 +22,7 @@ if "ssmstate.ops.triton.common" in sys.modules and not sys.modules["ssmstate.ops
     pytest.skip("Triton kernels were imported in compiled mode before this module", allow_module_level=True)
 os.environ["TRITON_INTERPRET"] = "1"
 triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
 
 from hypothesis import HealthCheck, Phase, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
@@ -30,6 +31,7 @@ from ssmstate import Mamba2Geometry, PageLayout, SpecConfig, StateManager  # noq
 from ssmstate.errors import ConfigError, LifecycleError, ShapeError, SSMStateError  # noqa: E402
 from ssmstate.ops import reference as ref  # noqa: E402
 from ssmstate.ops import triton as ot  # noqa: E402
+from ssmstate.ops.triton.conv import _rows_at  # noqa: E402
 from tests.conv_verify_cases import compare_conv_verify, make_conv_case, run_conv_verify  # noqa: E402
 
 @pytest.fixture(autouse=True)
@@ -142,6 +144,48 @@ def test_tma_launch_shapes(shape):
         got = run_conv_verify(ot.replay_conv_verify, case, row_shift=row_shift)
     want = run_conv_verify(ref.replay_conv_verify, case)
     compare_conv_verify(case, got, want, out_tol=TOL[torch.bfloat16], state_tol=TOL[torch.float32])
+
+
+@pytest.mark.parametrize("act_dtype,T,empty_row", [(torch.bfloat16, 4, False), (torch.float32, 3, True),
+                                                   (torch.bfloat16, 1, False)])
+def test_conv_outputs_placed_by_gather_or_selects_bit_for_bit(act_dtype, T, empty_row):
+    """The fused layer on the TMA kernel puts its conv outputs into the sequence rows by ``tl.gather`` (Triton
+    before 3.7) or by selects in the loads' layout (from 3.7): the same bits everywhere, both routes, padding and
+    empty rows, on the launch the GPU takes at batch 1 and on the interpreter's."""
+    case = make_conv_case(torch.Generator().manual_seed(T), "cpu", H=4, G=2, P=16, N=16, W=6, T=T, k=4, rows=4,
+                          n_pad=1, route="mixed", act_dtype=act_dtype, empty_row=empty_row)
+    for shape in ("base", "latency"):
+        got = []
+        for gather in (1, 0):
+            with ot.override(shape=shape, fused={"TMA": 1, "GATHER": gather}):
+                assert _kernels(case) == ["verify_tma_kernel"]
+                got.append(run_conv_verify(ot.replay_conv_verify, case))
+        (s1, o1), (s0, o0) = got
+        assert torch.equal(o1, o0) and s1.keys() == s0.keys()
+        for name in s1:
+            assert torch.equal(s1[name], s0[name]), (shape, name)
+    want = run_conv_verify(ref.replay_conv_verify, case)
+    compare_conv_verify(case, got[1], want, out_tol=TOL[act_dtype], state_tol=TOL[torch.float32])
+
+
+@triton.jit
+def _place_rows(y_ptr, idx_ptr, out_ptr, T: tl.constexpr, R: tl.constexpr, C: tl.constexpr):
+    tt, rr, cc = tl.arange(0, T), tl.arange(0, R), tl.arange(0, C)
+    y = tl.load(y_ptr + tt[:, None] * C + cc[None, :])
+    tl.store(out_ptr + rr[:, None] * C + cc[None, :], _rows_at(y, tl.load(idx_ptr + rr), T))
+
+
+def test_rows_at_takes_rows_bit_for_bit():
+    """The selects' placement (``conv._rows_at``) moves bits, not values: -0.0, NaN payloads and infinities arrive
+    as they were, in 16-bit and 32-bit tiles, rows named more than once or not at all."""
+    special = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1.5, -2.25, 3e-39]
+    idx = torch.tensor([3, 0, 0, 2, 1, 3, 3, 0], dtype=torch.int32)  # every row, three of them more than once
+    for dtype, bits in ((torch.bfloat16, torch.int16), (torch.float32, torch.int32)):
+        y = torch.tensor(special * 2, dtype=torch.float32).reshape(4, 4).to(dtype)
+        y.view(bits)[0, 0] = torch.tensor(-1, dtype=bits)  # a NaN with every payload bit set
+        out = torch.empty(8, 4, dtype=dtype)
+        _place_rows[(1,)](y, idx, out, T=4, R=8, C=4)
+        assert torch.equal(out.view(bits), y.view(bits)[idx.long()])
 
 
 @pytest.mark.parametrize("tma", [1, 0])

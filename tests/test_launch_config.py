@@ -421,3 +421,22 @@ def test_gpus_before_hopper_run_the_portable_kernels_without_pdl():
                                        torch.tensor([0, 4], dtype=torch.int32), torch.zeros(4, 4096, dtype=bf),
                                        pdl=True)
         assert conv.kwargs["GDC"] is (dev is H100) and ("launch_pdl" in conv.kwargs) is (dev is H100)
+
+
+def test_fused_conv_placement_follows_the_triton_version(monkeypatch):
+    """The fused layer on the TMA kernel places its conv outputs by ``tl.gather`` under a Triton older than the
+    table's ``fused.gather_before_triton`` and by selects from it (``GATHER``, a constant of the launch), whatever an
+    override names; a launch without a conv passes one fixed value (one build)."""
+    def gather(version, **fused):
+        monkeypatch.setattr(config, "triton_version", lambda: version)
+        with ot.override(fused=fused):
+            return config.fused_gather()
+
+    assert config.table()["fused"]["gather_before_triton"] == "3.7"
+    assert gather((3, 6)) and gather((3, 4)) and not gather((3, 7)) and not gather((3, 9)) and not gather((4, 0))
+    assert not gather((3, 6), GATHER=0) and gather((3, 9), GATHER=1)
+    with pytest.raises(ConfigError, match="GATHER"):
+        gather((3, 9), GATHER=2)
+    assert config._version("3.10.0rc1") == (3, 10) and config._version("3.7.1+git0123abc") == (3, 7)
+    monkeypatch.setattr(config, "triton_version", lambda: (3, 6))
+    assert all(k["GATHER"] is False for k in _launch_kwargs(1, 20, dev=H200))

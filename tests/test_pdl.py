@@ -11,9 +11,11 @@ mode: the interpreter tests set ``TRITON_INTERPRET`` in this process); skipped w
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -121,6 +123,23 @@ def test_sequence_rows_load_as_16_byte_vectors(batch, config, loads):
     by element without it: 104, 85, 126 and 111 global loads here under Triton 3.8 instead of 41, 43, 70 and 55)."""
     (row,) = _builds("--batch", str(batch), "--config", config)
     assert row["LDG"] <= loads
+
+
+@pytest.mark.skipif(not _HAVE_TOOLS, reason="Triton's ptxas / cuobjdump not installed")
+def test_fused_layer_conv_loads_go_out_in_one_round_trip():
+    """The fused layer on the TMA kernel at batch 1 (the launch the decode step takes there): after its PDL wait,
+    every load before its first product (x, B and C conv taps, weights, biases, rings) goes out in one run, with
+    no barrier between them. From Triton 3.7 its gather placement (``GATHER``: 1) sends the conv's loads one round
+    trip after another (28 runs under Triton 3.8 and 3.9), which is why the launch takes selects there."""
+    (row,) = _builds("--fused", "--batch", "1", "--pdl")
+    assert row["kernel"] == "verify_tma_kernel" and row["load_rounds_before_products"] == 1
+    assert row["ldg_before_wait"] == 6 and row["tma_before_wait"] == 1
+    (selects,) = _builds("--fused", "--batch", "1", "--pdl", "--config", '{"GATHER": 0}')
+    assert selects["load_rounds_before_products"] == 1 and selects["local"] == 0
+    version = tuple(int(v) for v in re.findall(r"\d+", importlib.metadata.version("triton"))[:2])
+    if version >= (3, 7):
+        (gather,) = _builds("--fused", "--batch", "1", "--pdl", "--config", '{"GATHER": 1}')
+        assert gather["load_rounds_before_products"] > 10
 
 
 @pytest.mark.skipif(not _HAVE_TOOLS, reason="Triton's ptxas / cuobjdump not installed")

@@ -205,6 +205,24 @@ def load_rounds(ops: list[str]) -> dict[str, int]:
     return {"load_rounds_before_tile": rounds + loads}
 
 
+def product_rounds(ops: list[str]) -> dict[str, int]:
+    """How the program's loads go out before its first tensor-core product (``HGMMA`` or ``HMMA``), counted from
+    its first PDL wait (``ACQBULK``) if it has one: the number of barrier-separated runs of that stretch of SASS
+    that hold a global load (``LDG``), as in :func:`load_rounds`. One: every such load goes out in one round trip.
+    -1: no product. ``ops``: :func:`sass_ops`."""
+    mma = [i for i, op in enumerate(ops) if op in ("HGMMA", "HMMA")]
+    if not mma:
+        return {"load_rounds_before_products": -1}
+    start = ops.index("ACQBULK") + 1 if "ACQBULK" in ops[:mma[0]] else 0
+    rounds, loads = 0, False
+    for op in ops[start:mma[0]]:
+        if op == "BAR":
+            rounds += loads
+            loads = False
+        loads |= op == "LDG"
+    return {"load_rounds_before_products": rounds + loads}
+
+
 _ELEM_BYTES = {"f32": 4, "i32": 4, "bf16": 2, "f16": 2, "i64": 8, "i8": 1}
 
 
@@ -240,6 +258,7 @@ def report(batch: int, T: int, W: int, config: dict | None, pdl: bool = False, a
         row.update(sass_counts(ops))
         row.update(wait_order(ops))
         row.update(load_rounds(ops))
+        row.update(product_rounds(ops))
         if allocs:
             row["shared_allocs"] = shared_allocs(k.asm["ttgir"])
         rows.append(row)

@@ -74,6 +74,26 @@ def test_conv_verify_tma_shapes(shape, rows, pdl):
     compare_conv_verify(case, got, want, out_tol=1e-2, state_tol=1e-5)
 
 
+@pytest.mark.parametrize("shape,rows", [("latency", 1), ("latency", 2), ("one_head", 40)])
+def test_conv_verify_conv_placement_by_gather_or_selects(shape, rows):
+    """The fused layer on the TMA kernel with its conv outputs put into the sequence rows by ``tl.gather`` and by
+    selects (``GATHER`` 1 / 0, the launch's choice by Triton version) as programmatic dependents: bit for bit the
+    same outputs and state, and the reference's."""
+    gen = torch.Generator().manual_seed(rows * 13 + len(shape))
+    case = make_conv_case(gen, DEV, W=16, T=4, rows=rows, n_pad=min(1, rows - 1), route="mixed",
+                          act_dtype=torch.bfloat16, empty_row=rows > 4, **NEMO)
+    got = []
+    for gather in (1, 0):
+        with trk.override(shape=shape, fused={"TMA": 1, "GATHER": gather}):
+            assert set(_kernels(case)) == {"verify_tma_kernel"}
+            got.append(run_conv_verify(trk.replay_conv_verify, case, pdl=True))
+    (s1, o1), (s0, o0) = got
+    assert torch.equal(o1, o0)
+    for name in s1:
+        assert torch.equal(s1[name], s0[name]), name
+    compare_conv_verify(case, got[1], run_conv_verify(ref.replay_conv_verify, case), out_tol=1e-2, state_tol=1e-5)
+
+
 @pytest.mark.parametrize("geom", ["nemo", "nano"])
 @pytest.mark.parametrize("T,W,route,rows,n_pad,pdl", [
     (4, 16, "mixed", 12, 2, True), (4, 16, "mixed", 12, 2, False), (4, 16, "flush", 5, 1, True),

@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 import torch
+import triton
 
 from ssmstate.errors import ConfigError
 from ssmstate.ops.triton.common import arch, compiled, dram_gbps_per_sm, num_sms, pow2
@@ -355,7 +356,7 @@ def _check_tma(launch: Launch, hpg: int, N: int, R: int, rows: int) -> None:
 # -- the fused conv + verify kernel ----------------------------------------------------------
 
 #: the fields ``override(fused=...)`` may set
-FUSED_KEYS = ("BLOCK_P", "FOLD_N", "num_warps", "maxnreg", "HPP", "MAX_ROWS", "TMA")
+FUSED_KEYS = ("BLOCK_P", "FOLD_N", "num_warps", "maxnreg", "HPP", "MAX_ROWS", "TMA", "GATHER")
 
 
 @attrs.frozen
@@ -374,11 +375,12 @@ def _check_fused_override(fields: dict[str, int]) -> None:
     if unknown:
         raise ConfigError(f"unknown fused override keys {sorted(unknown)}; known: {', '.join(FUSED_KEYS)}")
     for key, v in fields.items():
-        pow2_key = key not in ("maxnreg", "MAX_ROWS", "TMA")
+        flag = key in ("TMA", "GATHER")
+        pow2_key = key not in ("maxnreg", "MAX_ROWS") and not flag
         if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (pow2_key and (v < 1 or v & (v - 1))) \
-                or (key == "TMA" and v > 1):
-            raise ConfigError(f"fused override {key} must be a power of two (maxnreg, MAX_ROWS: an int >= 0; TMA: 0 "
-                              f"or 1), got {v!r}")
+                or (flag and v > 1):
+            raise ConfigError(f"fused override {key} must be a power of two (maxnreg, MAX_ROWS: an int >= 0; TMA, "
+                              f"GATHER: 0 or 1), got {v!r}")
 
 
 def fused_takes(rows: int, H: int, P: int, N: int, device: torch.device) -> bool:
@@ -406,6 +408,26 @@ def fused_tma() -> bool:
     if ov is not None and "TMA" in ov.fused:
         return bool(ov.fused["TMA"])
     return bool(table()["fused"]["tma"])
+
+
+def fused_gather() -> bool:
+    """Whether the fused layer on the TMA kernel puts its conv outputs into the sequence rows by ``tl.gather``
+    (Triton older than the table's ``fused.gather_before_triton``) or by selects in the loads' layout; an
+    :func:`override`'s ``GATHER`` names either."""
+    ov = _OVERRIDE.get()
+    if ov is not None and "GATHER" in ov.fused:
+        return bool(ov.fused["GATHER"])
+    return triton_version() < _version(table()["fused"]["gather_before_triton"])
+
+
+def triton_version() -> tuple[int, int]:
+    """The installed Triton's (major, minor)."""
+    return _version(triton.__version__)
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, minor = text.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
 def fused_launch(rows: int, H: int, P: int, N: int, G: int, dev: DeviceClass) -> FusedLaunch:

@@ -69,7 +69,7 @@ def conv_loads(cv, ch, KW: tl.constexpr, BLOCK_T: tl.constexpr):
     t = tl.arange(0, BLOCK_T)
     rows = tl.zeros((BLOCK_T, 1), dtype=tl.int32)  # every token's row of the weights and bias
     # the channels times a runtime 1 (q > 0 on every row that gets here): the compiler cannot prove them contiguous,
-    # so it loads each tap element by element straight into the layout of conv_outputs' gather. Proven contiguous,
+    # so it loads each tap element by element straight into the layout conv_outputs computes in. Proven contiguous,
     # they load 16 bytes at a time in another layout, changed right at the load, which waits for it before the next
     # load goes out: the program's loads then go out one round trip after another
     ch = ch * (q > 0).to(ch.dtype)
@@ -86,7 +86,22 @@ def conv_loads(cv, ch, KW: tl.constexpr, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
-def conv_outputs(cv, pre, seq, KW: tl.constexpr, BLOCK_T: tl.constexpr, PLACE: tl.constexpr = True):
+def _rows_at(y, idx, BLOCK_T: tl.constexpr):
+    """``y[idx]`` for a (``BLOCK_T``, channels) tile ``y`` and (rows,) ``idx`` in ``[0, BLOCK_T)``, in ``y``'s layout:
+    each row taken out bit for bit (an integer sum of it and zeros) and put where ``idx`` names it."""
+    IT: tl.constexpr = tl.int16 if y.dtype.primitive_bitwidth == 16 else tl.int32
+    bits = y.to(IT, bitcast=True).to(tl.int32)
+    tt = tl.arange(0, BLOCK_T)
+    out = tl.zeros((idx.shape[0], y.shape[1]), dtype=tl.int32)
+    for t in tl.static_range(BLOCK_T):
+        row = tl.sum(tl.where((tt == t)[:, None], bits, 0), axis=0)
+        out = tl.where((idx == t)[:, None], row[None, :], out)
+    return out.to(IT).to(y.dtype, bitcast=True)
+
+
+@triton.jit
+def conv_outputs(cv, pre, seq, KW: tl.constexpr, BLOCK_T: tl.constexpr, GATHER: tl.constexpr,
+                 PLACE: tl.constexpr = True):
     """The conv outputs of :func:`conv_loads`'s channels (``pre``) at sequence rows ``seq`` of the row's tokens
     (``seq``: a (rows,) index, row r holding token ``seq[r]`` where ``0 <= seq[r] < q``; others: any token's value,
     to be masked), rounded to the inputs' dtype as the pair's conv stores them: a (len(seq), channels) tile, as the
@@ -94,8 +109,11 @@ def conv_outputs(cv, pre, seq, KW: tl.constexpr, BLOCK_T: tl.constexpr, PLACE: t
     as it is).
 
     ``act(bias + Σ_j w_j col(t + j))`` on the compact (``BLOCK_T``, channels) tile of the row's tokens, summed in
-    :func:`_conv_update_kernel`'s order, then gathered into place: the sequence tiles are mostly history rows, which
-    need no conv."""
+    :func:`_conv_update_kernel`'s order, then put into place: the sequence tiles are mostly history rows, which
+    need no conv. ``GATHER``: by ``tl.gather``, whose layout Triton before 3.7 gave the loads too; else by selects
+    in the loads' own layout (:func:`_rows_at`). From Triton 3.7 the loads keep a layout of their own and a gather
+    converts every tap and weight right at its load, which waits for that load before the next goes out (the
+    program's conv loads then go out one round trip after another); the selects keep them in one."""
     (xbc_ptr, s_x_t, win_pg, s_win_c, end, lo, q, width, w_ptr, s_w_d, s_w_k, b_ptr, silu) = cv
     taps, wts, bias = pre
     y = tl.zeros(taps[0].shape, dtype=tl.float32)
@@ -109,7 +127,10 @@ def conv_outputs(cv, pre, seq, KW: tl.constexpr, BLOCK_T: tl.constexpr, PLACE: t
     if not PLACE:
         return y
     idx = tl.minimum(tl.maximum(seq, 0), BLOCK_T - 1)
-    return tl.gather(y, tl.broadcast_to(idx[:, None], (seq.shape[0], y.shape[1])), 0)
+    if GATHER:
+        return tl.gather(y, tl.broadcast_to(idx[:, None], (seq.shape[0], y.shape[1])), 0)
+    else:
+        return _rows_at(y, idx, BLOCK_T)
 
 
 @triton.jit

@@ -23,7 +23,7 @@ from ssmstate.ops.triton.common import (
     INTERPRETED, KernelLaunch, dot_precisions, outer_strides, pow2, rows_aligned,
 )
 from ssmstate.ops.triton.config import (
-    DeviceClass, Launch, check_launch, choose_launch, device_class, pdl_tile, tma_block_p,
+    DeviceClass, Launch, check_launch, choose_launch, device_class, fused_gather, pdl_tile, tma_block_p,
 )
 from ssmstate.ops.triton.quant import check_sr_seed, kernel_checkpoint, scale_strides
 from ssmstate.ops.triton.verify_ldg import verify_ldg_kernel
@@ -283,7 +283,7 @@ def tma_launches(s: Step, launch: Launch, dev: DeviceClass) -> list[KernelLaunch
     const = dict(P=P, HPG=H // G, BLOCK_P=launch.block_p, BLOCK_N=N, BLOCK_K=pow2(R),
                  BLOCK_KN=pow2(min(s.window, R)) if launch.ksplit else pow2(R), BLOCK_S=pow2(s.T, launch.block_s),
                  DT_SOFTPLUS=s.dt_softplus, INTERP=INTERPRETED, KW=kw, BLOCK_L=pow2(kw + s.T, 1) if kw else 1,
-                 BLOCK_T=pow2(s.T, 2) if kw else 1, LATE=launch.late,
+                 BLOCK_T=pow2(s.T, 2) if kw else 1, LATE=launch.late, GATHER=bool(kw) and fused_gather(),
                  num_warps=4, num_stages=1)
     if not launch.split:
         l2pf = max(launch.l2pf, 1) if tile_early == 1 else launch.l2pf  # the first tile's read before the wait

@@ -86,12 +86,12 @@ def _late(x, live):
 
 
 @triton.jit
-def _conv_x(X_in, cv, is_new, tok, KW: tl.constexpr, BLOCK_T: tl.constexpr):
+def _conv_x(X_in, cv, is_new, tok, KW: tl.constexpr, BLOCK_T: tl.constexpr, GATHER: tl.constexpr):
     """The fused layer's x of a head over the sequence from :func:`_tma_gathers`' (history rows, conv loads,
     sequence columns): the history's rows and the window's conv outputs (``cv[5]``: the row's first token), with the
     sequence columns passed on for the window's store."""
     X_hist, pre_x, win_x = X_in
-    X = tl.where(is_new[:, None], conv_outputs(cv, pre_x, tok - cv[5], KW, BLOCK_T).to(X_hist.dtype), X_hist)
+    X = tl.where(is_new[:, None], conv_outputs(cv, pre_x, tok - cv[5], KW, BLOCK_T, GATHER).to(X_hist.dtype), X_hist)
     return X, win_x
 
 
@@ -106,7 +106,7 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
               READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
               IDX64: tl.constexpr, FLUSH: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
               NEXT: tl.constexpr, PRE_TILE: tl.constexpr, TMA_STORE: tl.constexpr, KW: tl.constexpr,
-              BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr):
+              BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, GATHER: tl.constexpr):
     """Head ``h0 + i`` of a :func:`_tma_heads` loop whose last head is ``h0 + last``; its gathers
     (``X_raw`` .. ``zz``) were issued one iteration earlier. Returns head ``i + 1``'s gathers, issued here
     (``NEXT``; else this head's again). ``cks_ptr``, ``s_cks_*``: the decode scales and their page and head
@@ -139,7 +139,7 @@ def _tma_head(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb
         S0 = ck_desc.load([ck_row0 + i * P, 0])
     if KW > 0:  # the window's x rows: the conv's outputs of the head's channels (PRE_TILE: computed by the caller)
         if not PRE_TILE:
-            X_raw = _conv_x(X_raw, cv, is_new, tok, KW, BLOCK_T)
+            X_raw = _conv_x(X_raw, cv, is_new, tok, KW, BLOCK_T, GATHER)
         X_raw, win_x = X_raw
     # Λ over the sequence, the causal factors F[k, s] = (B_k·C_s) dt_k e^{A (Λ_{c+s} - Λ_k)}
     if DT_SOFTPLUS:
@@ -238,7 +238,7 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                READ16: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_SPLIT: tl.constexpr, FOLD_PREC: tl.constexpr,
                IDX64: tl.constexpr, FLUSH: tl.constexpr, PF_AHEAD: tl.constexpr, PF_TILE: tl.constexpr,
                DYN: tl.constexpr, FIRST: tl.constexpr, TMA_STORE: tl.constexpr, KW: tl.constexpr,
-               BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr):
+               BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, GATHER: tl.constexpr):
     """The TMA kernel's heads ``h0 .. h0 + HEADS - 1`` of one row in a software pipeline (``HSTAGES`` tile
     buffers: head i + 1's tile copy and, into registers, its gathers go out while head i computes).
     ``DYN``: the runtime count ``nh`` of heads instead, in a plain loop (one tile buffer; the interpreter
@@ -276,7 +276,8 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                 is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, Bh, B_raw, fold, X_n, dth_n, dtn_n, A_n, D_n,
                 zz_n, sc_n, S_pre, cks_ptr, s_cks_pg, s_cks_h, key_pg, cv, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D,
                 HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
-                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, True, False, TMA_STORE, KW, BLOCK_L, BLOCK_T)
+                FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, True, False, TMA_STORE, KW, BLOCK_L, BLOCK_T,
+                GATHER)
             i += 1
     else:
         for i in tl.range(0, HEADS, num_stages=HSTAGES):
@@ -288,7 +289,7 @@ def _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dt
                 zz_n, sc_n, S_pre, cks_ptr, s_cks_pg, s_cks_h, key_pg, cv, P, BLOCK_P, BLOCK_N, FOLD_N, HAS_D,
                 HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC,
                 FOLD_SPLIT, FOLD_PREC, IDX64, FLUSH, PF_AHEAD, PF_TILE, HEADS > 1, FIRST, TMA_STORE, KW, BLOCK_L,
-                BLOCK_T)
+                BLOCK_T, GATHER)
 
 
 
@@ -299,7 +300,7 @@ def _tma_body(
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, INTERP: tl.constexpr, PF_AHEAD: tl.constexpr, ROUTE: tl.constexpr,
     DYN: tl.constexpr, EARLY: tl.constexpr, FMODE: tl.constexpr, TILE_IN: tl.constexpr, TMA_STORE: tl.constexpr,
-    KW: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, LATE: tl.constexpr,
+    KW: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, LATE: tl.constexpr, GATHER: tl.constexpr,
 ):
     """:func:`_tma_program` once the row's cursors are known: the sequence of ``BLOCK_K`` rows (history, then the
     window), the shared B rows and Gram, then the heads. ``FMODE``: the row's route when the caller branched on it
@@ -375,12 +376,13 @@ def _tma_body(
         # and the tile's copy are out; the history's rows pass through _late, so their layout change (to the conv
         # gather's) is placed here, not at their loads
         B_hist = _late(B_hist, q > 0)
-        B_raw = tl.where(is_new[:, None], conv_outputs(cv, pre_B, tok - lo, KW, BLOCK_T).to(B_hist.dtype), B_hist)
-        Cw = tl.where(ms[:, None], conv_outputs(cv, pre_C, ss, KW, BLOCK_T, BLOCK_S != BLOCK_T), 0.0)
+        B_new = conv_outputs(cv, pre_B, tok - lo, KW, BLOCK_T, GATHER)
+        B_raw = tl.where(is_new[:, None], B_new.to(B_hist.dtype), B_hist)
+        Cw = tl.where(ms[:, None], conv_outputs(cv, pre_C, ss, KW, BLOCK_T, GATHER, BLOCK_S != BLOCK_T), 0.0)
         Cw = Cw.to(C_ptr.dtype.element_ty)
         if EARLY:
             X0 = (_late(X0[0], q > 0), X0[1], X0[2])
-            X0 = _conv_x(X0, cv, is_new, tok, KW, BLOCK_T)
+            X0 = _conv_x(X0, cv, is_new, tok, KW, BLOCK_T, GATHER)
     if EARLY:
         first = (X0, dth0, dtn0, A0, D0, zz0, sc0, S_pre)
     else:
@@ -415,7 +417,7 @@ def _tma_body(
                    is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, cks_ptr, s_cks_pg, s_cks_h,
                    key_pg, cv, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
-                   FOLD_PREC, INTERP, FMODE, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE, KW, BLOCK_L, BLOCK_T)
+                   FOLD_PREC, INTERP, FMODE, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE, KW, BLOCK_L, BLOCK_T, GATHER)
     elif ROUTE != 0 or (HEADS == 1 and not DYN):
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
@@ -424,7 +426,7 @@ def _tma_body(
                    key_pg, cv, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
                    FOLD_PREC, INTERP, (ROUTE - 1) if (HEADS > 1 or DYN) else 2, PF_AHEAD, PF_TILE, DYN, EARLY,
-                   TMA_STORE, KW, BLOCK_L, BLOCK_T)
+                   TMA_STORE, KW, BLOCK_L, BLOCK_T, GATHER)
     elif flush:
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
@@ -432,7 +434,7 @@ def _tma_body(
                    is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, cks_ptr, s_cks_pg, s_cks_h,
                    key_pg, cv, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
-                   FOLD_PREC, INTERP, 1, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE, KW, BLOCK_L, BLOCK_T)
+                   FOLD_PREC, INTERP, 1, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE, KW, BLOCK_L, BLOCK_T, GATHER)
     else:
         _tma_heads(ck_desc, ck_ptr, xr_ptr, dtr_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, page, h0,
                    nh, ck_row0, pt, N, s_ck_pg, s_ck_h, s_xr_pg, s_xr_h, s_xr_r, s_Br_r, s_dtr_pg, s_dtr_h, s_dtr_r,
@@ -440,7 +442,7 @@ def _tma_body(
                    is_hist, is_new, is_seq, ms, causal, diag, Gm, CwT, B_raw, flush, first, cks_ptr, s_cks_pg, s_cks_h,
                    key_pg, cv, P, HEADS, HSTAGES,
                    BLOCK_P, BLOCK_N, FOLD_N, HAS_D, HAS_DTB, HAS_Z, DT_SOFTPLUS, READ16, DOT_PREC, FOLD_SPLIT,
-                   FOLD_PREC, INTERP, 0, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE, KW, BLOCK_L, BLOCK_T)
+                   FOLD_PREC, INTERP, 0, PF_AHEAD, PF_TILE, DYN, EARLY, TMA_STORE, KW, BLOCK_L, BLOCK_T, GATHER)
 
 
 @triton.jit
@@ -451,7 +453,7 @@ def _tma_program(
     BLOCK_S: tl.constexpr, DT_SOFTPLUS: tl.constexpr, INTERP: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr,
     PF_B: tl.constexpr, PF_DT: tl.constexpr, PF_AHEAD: tl.constexpr, ROUTE: tl.constexpr, DYN: tl.constexpr,
     EARLY: tl.constexpr, GDC: tl.constexpr, TMA_STORE: tl.constexpr, KW: tl.constexpr, BLOCK_L: tl.constexpr,
-    BLOCK_T: tl.constexpr, LATE: tl.constexpr,
+    BLOCK_T: tl.constexpr, LATE: tl.constexpr, GATHER: tl.constexpr,
 ):
     """One program's work of the TMA verify kernel: row ``row``, P tile ``pt``, the ``HEADS`` heads of one group
     from ``h0_32`` (``DYN``: ``nh`` of them, counted at run time); ``ROUTE`` 0 serves every row, 1 only non-flush
@@ -539,16 +541,16 @@ def _tma_program(
             if c + q > window:
                 _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, S_in, cv,
                           P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_S, DT_SOFTPLUS, INTERP,
-                          PF_AHEAD, ROUTE, DYN, EARLY, 1, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T, LATE)
+                          PF_AHEAD, ROUTE, DYN, EARLY, 1, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T, LATE, GATHER)
             else:
                 _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, S_in, cv,
                           P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_KN, BLOCK_S, DT_SOFTPLUS, INTERP,
-                          PF_AHEAD, ROUTE, DYN, EARLY, 0, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T, LATE)
+                          PF_AHEAD, ROUTE, DYN, EARLY, 0, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T, LATE, GATHER)
         else:  # one route's rows (the split non-flush launch: the short tile), or one build for both
             BK: tl.constexpr = BLOCK_KN if ROUTE == 1 else BLOCK_K
             _tma_body(page, h0, g, pt, nh, q, lo, c, rs, ck_row0, offs_p, offs_n, ss, ms, tw, Cw, rt, S_in, cv,
                       P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BK, BLOCK_S, DT_SOFTPLUS, INTERP, PF_AHEAD,
-                      ROUTE, DYN, EARLY, -1, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T, LATE)
+                      ROUTE, DYN, EARLY, -1, TILE_IN, TMA_STORE, KW, BLOCK_L, BLOCK_T, LATE, GATHER)
 
 
 @triton.jit(do_not_specialize=["layer"])  # layer 1 must stay a runtime int (the SR hash casts it)
@@ -577,7 +579,7 @@ def verify_tma_kernel(
     BLOCK_KN: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_ROWS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     INTERP: tl.constexpr, PF_CK: tl.constexpr, PF_X: tl.constexpr, PF_B: tl.constexpr, PF_DT: tl.constexpr,
     PF_AHEAD: tl.constexpr, ROUTE: tl.constexpr, EARLY: tl.constexpr, GDC: tl.constexpr, TMA_STORE: tl.constexpr,
-    KW: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, LATE: tl.constexpr,
+    KW: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, LATE: tl.constexpr, GATHER: tl.constexpr,
 ):
     """The TMA verify kernel. ``ROUTE`` 0: one program per (row, ``HEADS`` heads, P tile), both routes. ``ROUTE`` 1 / 2
     (the split launches): a persistent grid over the non-flush / flush rows, each program streaming an equal,
@@ -590,7 +592,8 @@ def verify_tma_kernel(
     (``KW`` columns of history ending ``shift`` columns before its right end, ``width`` columns), with ``cw_ptr`` /
     ``cb_ptr`` (weight, bias or None) and the activation (``silu``); it stores its head's x channels' new window,
     and the last program of a row's group to arrive at ``cnt_ptr`` (zero between launches) the group's B and C
-    channels' (each program reads them: none may store them while another has still to read)."""
+    channels' (each program reads them: none may store them while another has still to read). ``GATHER``: how
+    the conv outputs reach their sequence rows (:func:`~ssmstate.ops.triton.conv.conv_outputs`)."""
     NPT: tl.constexpr = P // BLOCK_P
     PDL: tl.constexpr = 0 if INTERP else ROUTE
     # what every program passes on but the constants (a tuple's constants would lose their constexpr type)
@@ -608,7 +611,7 @@ def verify_tma_kernel(
         _tma_program(pid % NPT, (pid // NPT) * HEADS, HEADS, tl.program_id(1), rt,
                      P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_KN, BLOCK_S, DT_SOFTPLUS, INTERP,
                      PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD, ROUTE, False, EARLY, GDC, TMA_STORE, KW, BLOCK_L, BLOCK_T,
-                     LATE)
+                     LATE, GATHER)
     else:
         # a persistent grid over the route's rows, ranked on the device: an empty route costs one pass over the
         # cursors. Route item x is head x % per_row of the route's row x // per_row, every head of unit cost, so
@@ -642,7 +645,7 @@ def verify_tma_kernel(
             _tma_program(pt, h, nh, r, rt,
                          P, HPG, HEADS, HSTAGES, BLOCK_P, BLOCK_N, FOLD_N, BLOCK_K, BLOCK_KN, BLOCK_S, DT_SOFTPLUS,
                          INTERP, PF_CK, PF_X, PF_B, PF_DT, PF_AHEAD, ROUTE, True, EARLY, GDC, TMA_STORE, KW,
-                         BLOCK_L, BLOCK_T, LATE)
+                         BLOCK_L, BLOCK_T, LATE, GATHER)
             x += nh
             k = x // per_row
             r = tl.min(tl.where(rank == k, ridx, BLOCK_ROWS), axis=0)  # the same row, or the route's next
