@@ -438,5 +438,6 @@ def test_fused_conv_placement_follows_the_triton_version(monkeypatch):
     with pytest.raises(ConfigError, match="GATHER"):
         gather((3, 9), GATHER=2)
     assert config._version("3.10.0rc1") == (3, 10) and config._version("3.7.1+git0123abc") == (3, 7)
+    assert config._version("3.7rc1") == (3, 7) and config._version("4.0") == (4, 0)
     monkeypatch.setattr(config, "triton_version", lambda: (3, 6))
     assert all(k["GATHER"] is False for k in _launch_kwargs(1, 20, dev=H200))

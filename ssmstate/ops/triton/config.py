@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import functools
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -426,8 +427,8 @@ def triton_version() -> tuple[int, int]:
 
 
 def _version(text: str) -> tuple[int, int]:
-    major, minor = text.split(".")[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+    major, minor = re.match(r"(\d+)\.(\d+)", text).groups()  # "3.7.1", "3.10.0rc1", "3.8+git1234"
+    return int(major), int(minor)
 
 
 def fused_launch(rows: int, H: int, P: int, N: int, G: int, dev: DeviceClass) -> FusedLaunch:
