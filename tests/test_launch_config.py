@@ -415,7 +415,7 @@ def test_gpus_before_hopper_run_the_portable_kernels_without_pdl():
     for dev, fused in ((A100, False), (H100, True)):
         with ot.override(device=dev):
             assert config.fused_takes(1, H, P, N, CUDA) is fused
-            conv = ot.conv.conv_launch(torch.zeros(2, 4096, 7, dtype=bf).transpose(1, 2).contiguous().transpose(1, 2),
+            conv = ot.conv.conv_launch(torch.zeros(2, 7, 4096, dtype=bf).transpose(1, 2),
                                        torch.zeros(2, dtype=torch.int32), torch.zeros(4, 4096, dtype=bf),
                                        torch.zeros(4096, 4), None, torch.ones(1, dtype=torch.int32),
                                        torch.tensor([0, 4], dtype=torch.int32), torch.zeros(4, 4096, dtype=bf),

@@ -196,13 +196,7 @@ def load_rounds(ops: list[str]) -> dict[str, int]:
     loads after it wait for. -1: no tile copy. ``ops``: :func:`sass_ops`."""
     if "UTMALDG" not in ops:
         return {"load_rounds_before_tile": -1}
-    rounds, loads = 0, False
-    for op in ops[:ops.index("UTMALDG")]:
-        if op == "BAR":
-            rounds += loads
-            loads = False
-        loads |= op == "LDG"
-    return {"load_rounds_before_tile": rounds + loads}
+    return {"load_rounds_before_tile": _runs_with_loads(ops[:ops.index("UTMALDG")])}
 
 
 def product_rounds(ops: list[str]) -> dict[str, int]:
@@ -214,13 +208,18 @@ def product_rounds(ops: list[str]) -> dict[str, int]:
     if not mma:
         return {"load_rounds_before_products": -1}
     start = ops.index("ACQBULK") + 1 if "ACQBULK" in ops[:mma[0]] else 0
+    return {"load_rounds_before_products": _runs_with_loads(ops[start:mma[0]])}
+
+
+def _runs_with_loads(ops: list[str]) -> int:
+    """The barrier-separated runs of this stretch of SASS that hold a global load (``LDG``)."""
     rounds, loads = 0, False
-    for op in ops[start:mma[0]]:
+    for op in ops:
         if op == "BAR":
             rounds += loads
             loads = False
         loads |= op == "LDG"
-    return {"load_rounds_before_products": rounds + loads}
+    return rounds + loads
 
 
 _ELEM_BYTES = {"f32": 4, "i32": 4, "bf16": 2, "f16": 2, "i64": 8, "i8": 1}

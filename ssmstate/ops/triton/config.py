@@ -426,6 +426,7 @@ def triton_version() -> tuple[int, int]:
     return _version(triton.__version__)
 
 
+@functools.lru_cache(maxsize=None)  # read on every fused launch: parsed once per version string
 def _version(text: str) -> tuple[int, int]:
     major, minor = re.match(r"(\d+)\.(\d+)", text).groups()  # "3.7.1", "3.10.0rc1", "3.8+git1234"
     return int(major), int(minor)

@@ -63,13 +63,12 @@ BLOCK_S = 8
 
 def warp_supported(checkpoint: torch.Tensor, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor, R: int,
                    T: int) -> bool:
-    """The per-warp kernel takes this call: a Hopper or later GPU (CPU tensors: an offline build's capture), a
-    contiguous fp32 checkpoint (pages, H, 64, N) with N a multiple of 32 up to 256, 16-bit x, B and C with B and C
-    of one dtype, a ring of at most 32 rows, windows of at most 8 tokens. Its rows must also start on 16-byte
-    boundaries (:func:`~ssmstate.ops.triton.common.rows_aligned`), which the launch checks once per call."""
+    """The per-warp kernel takes this call's tensors: a contiguous fp32 checkpoint (pages, H, 64, N) with N a
+    multiple of 32 up to 256, 16-bit x, B and C with B and C of one dtype, a ring of at most 32 rows, windows of at
+    most 8 tokens. The launch also checks the GPU (compute capability 9.0+: TMA copies and mbarriers,
+    ``DeviceClass.hopper``) and the rows' 16-byte alignment (:func:`~ssmstate.ops.triton.common.rows_aligned`),
+    once per call."""
     _, _, P, N = checkpoint.shape
-    if checkpoint.is_cuda and torch.cuda.get_device_capability(checkpoint.device)[0] < 9:
-        return False  # TMA copies and mbarriers: Hopper and later
     return (HAVE_GLUON and checkpoint.dtype == torch.float32 and P == WARP_ROWS * NUM_WARPS
             and N % CHUNK_N == 0 and N <= 256 and checkpoint.is_contiguous() and checkpoint.data_ptr() % 16 == 0
             and x.dtype in (torch.bfloat16, torch.float16) and B.dtype == C.dtype
